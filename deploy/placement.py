@@ -1,0 +1,73 @@
+"""Local placement: resolve run id, ports and Redis, then the command line of every service."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.common.config import RunConfig
+from services.common.ports import free_port
+
+
+@dataclass(frozen=True)
+class Launch:
+    name: str
+    args: list[str]
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """A copy with every 0 port replaced by a free one, a run id, and the Redis URL."""
+    cfg = cfg.model_copy(deep=True)
+    if not cfg.run.run_id:
+        cfg.run.run_id = time.strftime("%Y%m%d-%H%M%S")
+    for section in (cfg.coordinator, cfg.trainer, cfg.weightsync):
+        if section.grpc_port == 0:
+            section.grpc_port = free_port()
+    if cfg.coordinator.http_port == 0:
+        cfg.coordinator.http_port = free_port()
+    if cfg.weightsync.store_port == 0:
+        cfg.weightsync.store_port = free_port()
+    if cfg.rollout.grpc_port == 0:
+        cfg.rollout.grpc_port = _free_range(cfg.rollout.num_workers)
+    if not cfg.redis.url:
+        if cfg.redis.port == 0:
+            cfg.redis.port = free_port()
+        cfg.redis.url = f"redis://127.0.0.1:{cfg.redis.port}/0"
+    return cfg
+
+
+def _free_range(n: int) -> int:
+    for _ in range(100):
+        base = free_port()
+        if all(_is_free(base + i) for i in range(1, n)):
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def _is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def launches(cfg: RunConfig, config_path: Path) -> list[Launch]:
+    """Service command lines; every one gets the same resolved config file."""
+    conf = ["--config", str(config_path)]
+    out = [Launch("weightsync", ["-m", "services.weightsync.main", *conf])]
+    out.append(
+        Launch(
+            "trainer",
+            ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.trainer.num_ranks}"]
+            + ["-m", "services.trainer.main", *conf],
+        )
+    )
+    for i in range(cfg.rollout.num_workers):
+        out.append(Launch(f"rollout-{i}", ["-m", "services.rollout.main", "--worker-index", str(i), *conf]))
+    out.append(Launch("coordinator", ["-m", "services.coordinator.main", *conf]))
+    return out

@@ -1,0 +1,218 @@
+"""Typed run configuration: one section per service, TOML plus dotted overrides, validated up front."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class RunSection(_Section):
+    run_id: str = ""
+    """Name of the run; empty = a timestamp. Output goes to `<output_dir>/<run_id>/`."""
+    output_dir: str = "runs"
+    """Folder that holds one subfolder per run."""
+    num_steps: int = Field(default=30, ge=1)
+    """GRPO steps to run before stopping."""
+    seed: int = 0
+    """Seed of prompt sampling, model creation and sampling."""
+
+
+class ModelSection(_Section):
+    path: str = "runs/models/tiny-qwen2"
+    """HF model directory (config, safetensors, tokenizer) used by trainer and rollout."""
+    create: bool = True
+    """Create a small random Qwen2 model at `path` if it does not exist (no hub access)."""
+    hidden_size: int = Field(default=128, ge=16)
+    """Hidden size of the created model."""
+    num_layers: int = Field(default=2, ge=1)
+    """Decoder layers of the created model."""
+    num_heads: int = Field(default=4, ge=1)
+    """Attention heads of the created model."""
+    num_kv_heads: int = Field(default=2, ge=1)
+    """Key/value heads of the created model (GQA)."""
+    intermediate_size: int = Field(default=256, ge=16)
+    """MLP width of the created model."""
+
+
+class TaskSection(_Section):
+    name: Literal["class_continuation", "jsonl"] = "class_continuation"
+    """Built-in toy task, or prompts from `prompts_path` (one JSON object per line)."""
+    prompts_path: str = ""
+    """JSONL with {"prompt": str, "reward": "exact_match"|"class_continuation", "answer": str}."""
+    prompt_len: int = Field(default=4, ge=1)
+    """Symbols per built-in prompt."""
+
+
+class CoordinatorSection(_Section):
+    host: str = "127.0.0.1"
+    """Interface the gRPC control API and the HTTP status endpoint bind to."""
+    grpc_port: int = Field(default=0, ge=0, le=65535)
+    """gRPC control port; 0 = a free port chosen at launch."""
+    http_port: int = Field(default=0, ge=0, le=65535)
+    """FastAPI status port; 0 = a free port chosen at launch."""
+    num_prompts: int = Field(default=16, ge=1)
+    """Prompts per GRPO step."""
+    num_samples: int = Field(default=8, ge=2)
+    """Completions sampled per prompt (the GRPO group)."""
+    max_tokens: int = Field(default=8, ge=1)
+    """Maximum generated tokens per completion."""
+    temperature: float = Field(default=1.0, gt=0.0)
+    """Sampling temperature (1.0 keeps rollout logprobs equal to the sampling distribution)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    ignore_eos: bool = True
+    """Generate exactly max_tokens (the built-in task scores fixed-length answers)."""
+    batch_timeout_s: float = Field(default=600.0, gt=0)
+    """A step fails if its batch is not complete within this time."""
+    rpc_timeout_s: float = Field(default=600.0, gt=0)
+    """Deadline of each Train / PublishWeights call."""
+
+
+class RolloutSection(_Section):
+    host: str = "127.0.0.1"
+    """Interface the workers' gRPC services bind to."""
+    engine: Literal["vllm", "hf"] = "vllm"
+    """Generation engine: vLLM (CPU or CUDA build), or plain transformers."""
+    num_workers: int = Field(default=1, ge=1)
+    """Rollout worker processes."""
+    grpc_port: int = Field(default=0, ge=0, le=65535)
+    """gRPC port of worker 0 (worker i uses grpc_port + i); 0 = free ports at launch."""
+    lease_timeout_s: float = Field(default=60.0, gt=0)
+    """Idle time after which another worker claims a pending prompt of a dead one."""
+    max_model_len: int = Field(default=256, ge=16)
+    """vLLM context length."""
+    kv_cache_GiB: int = Field(default=1, ge=1)
+    """vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)."""
+
+
+class TrainerSection(_Section):
+    host: str = "127.0.0.1"
+    """Interface rank 0's gRPC service binds to."""
+    num_ranks: int = Field(default=2, ge=1)
+    """FSDP2 ranks started by torchrun (gloo on CPU, NCCL on GPU)."""
+    grpc_port: int = Field(default=0, ge=0, le=65535)
+    """gRPC port served by rank 0; 0 = a free port chosen at launch."""
+    lr: float = Field(default=3e-3, gt=0)
+    """AdamW learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradient clipping norm."""
+    clip_eps: float = Field(default=0.2, gt=0)
+    """PPO clip range of the importance ratio."""
+    kl_beta: float = Field(default=0.0, ge=0)
+    """Weight of the k3 KL penalty to the reference model; 0 = no reference model."""
+    max_tokens_per_microbatch: int = Field(default=4096, ge=16)
+    """Token budget of one forward/backward."""
+
+
+class WeightsyncSection(_Section):
+    host: str = "127.0.0.1"
+    """Interface of the control service and of the transfer rendezvous store."""
+    grpc_port: int = Field(default=0, ge=0, le=65535)
+    """gRPC control port; 0 = a free port chosen at launch."""
+    store_port: int = Field(default=0, ge=0, le=65535)
+    """TCPStore port for transfer-group rendezvous; 0 = a free port chosen at launch."""
+    bucket_bytes: int = Field(default=64 * 2**20, ge=2**10)
+    """Bytes per transfer bucket."""
+    timeout_s: float = Field(default=120.0, gt=0)
+    """Deadline of one refit, rendezvous included."""
+
+
+class RedisSection(_Section):
+    url: str = ""
+    """redis:// URL of a running server; empty = start one locally on `port`."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """Port of the locally started server; 0 = a free port chosen at launch."""
+    prompts_stream: str = "prompts"
+    """Stream of prompt work items."""
+    trajectories_stream: str = "trajectories"
+    """Stream of scored trajectory groups."""
+
+
+class RunConfig(_Section):
+    run: RunSection = RunSection()
+    model: ModelSection = ModelSection()
+    task: TaskSection = TaskSection()
+    coordinator: CoordinatorSection = CoordinatorSection()
+    rollout: RolloutSection = RolloutSection()
+    trainer: TrainerSection = TrainerSection()
+    weightsync: WeightsyncSection = WeightsyncSection()
+    redis: RedisSection = RedisSection()
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        if self.model.hidden_size % self.model.num_heads:
+            raise ValueError("model.hidden_size must be a multiple of model.num_heads")
+        if self.model.num_heads % self.model.num_kv_heads:
+            raise ValueError("model.num_heads must be a multiple of model.num_kv_heads")
+        if self.task.name == "jsonl" and not self.task.prompts_path:
+            raise ValueError("task.prompts_path is required when task.name = 'jsonl'")
+        return self
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message names the key."""
+
+
+def _parse_value(raw: str) -> object:
+    # TOML scalar syntax for values (numbers, booleans, quoted strings); anything else is a bare string.
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def apply_override(data: dict, override: str) -> None:
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} is not of the form section.key=value")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key!r}: {part!r} is not a section")
+    node[parts[-1]] = _parse_value(raw.strip())
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read TOML (if given), apply dotted overrides, validate. Raises ConfigError naming the bad key."""
+    data: dict = {}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config {path}: {e}") from e
+    for override in overrides:
+        apply_override(data, override)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        errors = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"invalid config: {errors}") from None
+
+
+def dump_toml(cfg: RunConfig) -> str:
+    """The whole config as TOML, so every child process reads exactly what was validated."""
+    lines = []
+    for section, values in cfg.model_dump().items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)

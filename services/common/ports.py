@@ -1,0 +1,9 @@
+"""Free TCP ports for local placement and tests."""
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

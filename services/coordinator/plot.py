@@ -1,0 +1,31 @@
+"""The end-of-run PNG: reward per step, and the step-time breakdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PHASES = ("timing/generation_s", "timing/logprobs_s", "timing/policy_training_s", "timing/refit_s")
+
+
+def plot_run(rows: list[dict[str, float]], out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_r.plot(steps, [r["reward/mean"] for r in rows], marker="o")
+    ax_r.set(xlabel="step", ylabel="batch mean reward", title="reward", ylim=(0, 1.05))
+    bottom = [0.0] * len(rows)
+    for key in PHASES:
+        vals = [r[key] for r in rows]
+        ax_t.bar(steps, vals, bottom=bottom, label=key.removeprefix("timing/").removesuffix("_s"))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax_t.plot(steps, [r["timing/total_s"] for r in rows], color="k", label="total")
+    ax_t.set(xlabel="step", ylabel="seconds", title="step time breakdown")
+    ax_t.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

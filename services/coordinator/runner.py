@@ -1,0 +1,57 @@
+"""Runs the loop for a number of steps in a background thread and keeps RunState current."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from protos.grpo.v1 import coordinator_pb2
+
+from .loop import GrpoLoop
+from .plot import plot_run
+
+log = logging.getLogger(__name__)
+
+
+class Runner:
+    def __init__(self, loop: GrpoLoop):
+        self.loop, self.state = loop, loop.state
+        self._thread: threading.Thread | None = None
+
+    def start(self, num_steps: int) -> None:
+        with self.state.lock:
+            if self.state.state == coordinator_pb2.RUN_STATE_RUNNING:
+                raise ValueError(f"run {self.state.run_id} is already running")
+            self.state.state = coordinator_pb2.RUN_STATE_RUNNING
+            self.state.num_steps = self.state.step + num_steps
+            self.state.stop.clear()
+        self._thread = threading.Thread(target=self._run, name="grpo-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.state.stop.set()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        if self._thread:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        s = self.state
+        final = coordinator_pb2.RUN_STATE_DONE
+        try:
+            while s.step < s.num_steps and not s.stop.is_set():
+                m = self.loop.step(s.step + 1)
+                with s.lock:
+                    s.step, s.policy_version, s.last_metrics = int(m["step"]), int(m["policy_version"]), m
+            if s.stop.is_set() and s.step < s.num_steps:
+                final = coordinator_pb2.RUN_STATE_STOPPED
+        except Exception as e:  # the run fails; the services stay up and the status says why
+            log.exception("step %d failed", s.step + 1)
+            final = coordinator_pb2.RUN_STATE_STOPPED if s.stop.is_set() else coordinator_pb2.RUN_STATE_FAILED
+            with s.lock:
+                s.error = f"step {s.step + 1}: {type(e).__name__}: {e}"
+        rows = self.loop.metrics.read()
+        if rows:
+            plot_run(rows, self.loop.run_dir / "plot.png")
+        with s.lock:
+            s.state = final

@@ -1,0 +1,45 @@
+"""The run's shared state, read by the gRPC control API and the HTTP status endpoint."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from protos.grpo.v1 import coordinator_pb2
+
+
+@dataclass
+class RunState:
+    run_id: str
+    num_steps: int
+    state: int = coordinator_pb2.RUN_STATE_IDLE
+    step: int = 0
+    policy_version: int = 0
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def to_proto(self) -> coordinator_pb2.RunStatus:
+        with self.lock:
+            return coordinator_pb2.RunStatus(
+                run_id=self.run_id,
+                state=self.state,
+                step=self.step,
+                num_steps=self.num_steps,
+                policy_version=self.policy_version,
+                last_metrics=self.last_metrics,
+                error=self.error,
+            )
+
+    def to_json(self) -> dict:
+        with self.lock:
+            return {
+                "run_id": self.run_id,
+                "state": coordinator_pb2.RunState.Name(self.state).removeprefix("RUN_STATE_").lower(),
+                "step": self.step,
+                "num_steps": self.num_steps,
+                "policy_version": self.policy_version,
+                "last_metrics": dict(self.last_metrics),
+                "error": self.error,
+            }

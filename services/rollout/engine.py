@@ -1,0 +1,43 @@
+"""The engine seam: generation with per-token logprobs and in-place weight loading."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from protos.grpo.v1 import queue_pb2
+from services.common.config import RolloutSection
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    """Logprob of each sampled token under the unscaled policy (temperature 1)."""
+    finish_reason: str
+
+
+class Engine(Protocol):
+    def generate(
+        self, prompts: list[list[int]], num_samples: int, sampling: queue_pb2.SamplingParams
+    ) -> list[list[Sample]]: ...
+
+    def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Replace the weights in place (HF names); the engine keeps running."""
+
+    def read_weights(self) -> dict[str, torch.Tensor]:
+        """The weights the engine holds, in HF names and shapes, where it lets them be read."""
+
+
+def make_engine(cfg: RolloutSection, model_path: str, seed: int) -> Engine:
+    if cfg.engine == "vllm":
+        from .vllm_engine import VllmEngine
+
+        return VllmEngine(model_path, seed=seed, max_model_len=cfg.max_model_len)
+    if cfg.engine == "hf":
+        from .hf_engine import HFEngine
+
+        return HFEngine(model_path, seed=seed)
+    raise ValueError(f"rollout.engine must be one of 'vllm', 'hf'; got {cfg.engine!r}")

@@ -1,0 +1,21 @@
+"""Entrypoint of a rollout worker: `python -m services.rollout.main --worker-index I --config X k=v ...`."""
+
+import argparse
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--worker-index", type=int, default=0)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    from services.common.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    from .server import serve
+
+    serve(cfg, args.worker_index)
+
+
+if __name__ == "__main__":
+    main()

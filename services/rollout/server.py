@@ -1,0 +1,43 @@
+"""Run one rollout worker: the engine, its gRPC service, registration with weightsync, the loop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from protos.grpo.v1 import rollout_pb2_grpc, weightsync_pb2, weightsync_pb2_grpc
+from services.common.config import RunConfig
+from services.common.grpcio import channel, make_server
+from services.common.lifecycle import stop_event
+from services.common.queue import WorkQueue, connect
+from services.common.tokenizer import Vocab
+
+from .servicer import EngineState, RolloutServicer
+from .worker import run_worker
+
+
+def serve(cfg: RunConfig, worker_index: int) -> None:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rollout-{worker_index} %(levelname)s %(message)s")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_GiB))
+    stop = stop_event()
+    from .engine import make_engine
+
+    engine = make_engine(cfg.rollout, cfg.model.path, seed=cfg.run.seed + worker_index)
+    worker_id = f"rollout-{worker_index}@{socket.gethostname()}:{os.getpid()}"
+    state = EngineState(engine, worker_id, cfg.rollout.engine)
+    port = cfg.rollout.grpc_port + worker_index if cfg.rollout.grpc_port else 0
+    server, port = make_server(cfg.rollout.host, port)
+    rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(state), server)
+    server.start()
+    address = f"{cfg.rollout.host}:{port}"
+    with channel(f"{cfg.weightsync.host}:{cfg.weightsync.grpc_port}") as ch:
+        weightsync_pb2_grpc.WeightSyncStub(ch).RegisterEndpoint(
+            weightsync_pb2.Endpoint(endpoint_id=f"rollout-{worker_index}", grpc_address=address), timeout=30
+        )
+    logging.info("worker %s serving on %s with engine %s", worker_id, address, cfg.rollout.engine)
+    queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
+    try:
+        run_worker(queue, state, Vocab.from_model_dir(cfg.model.path), cfg.rollout.lease_timeout_s, stop)
+    finally:
+        server.stop(1).wait()

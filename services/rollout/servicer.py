@@ -1,0 +1,77 @@
+"""Rollout gRPC edge: info and versioned in-place weight loads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2
+from services.common.grpcio import servicer_edge
+from services.weightsync.manifest import tensor_checksum
+from services.weightsync.transport import receive_version
+
+from .engine import Engine
+
+
+class EngineState:
+    """The engine plus what every thread of the worker reads: the applied version and a lock."""
+
+    def __init__(self, engine: Engine, worker_id: str, engine_name: str):
+        self.engine, self.worker_id, self.engine_name = engine, worker_id, engine_name
+        self.lock = threading.Lock()
+        self.policy_version = 0
+        self.num_groups_done = 0
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
+    def __init__(self, state: EngineState):
+        self.state = state
+
+    @servicer_edge
+    def Info(self, request, context):
+        s = self.state
+        return rollout_pb2.InfoReply(
+            worker_id=s.worker_id, engine=s.engine_name, policy_version=s.policy_version, num_groups_done=s.num_groups_done
+        )
+
+    @servicer_edge
+    def LoadWeights(self, request, context):
+        m = request.manifest
+        if not m.tensors or not m.buckets:
+            raise ValueError("manifest has no tensors")
+        if request.group.world_size < 2 or not 0 < request.group.rank < request.group.world_size:
+            raise ValueError(f"bad transfer group rank {request.group.rank} of {request.group.world_size}")
+        start = time.perf_counter()
+        # Everything arrives and is verified before the engine is touched: a failed transfer
+        # leaves the previous version fully in service.
+        named, received = receive_version(m, request.group)
+        with self.state.lock:
+            self.state.engine.load_weights(named)
+            self.state.policy_version = m.policy_version
+            readback = readback_checksums(self.state.engine.read_weights(), list(m.tensors))
+        return rollout_pb2.LoadWeightsReply(
+            policy_version=m.policy_version,
+            received_checksum=received,
+            readback_checksums=readback,
+            apply_s=time.perf_counter() - start,
+        )
+
+
+def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.TensorSpec]) -> dict[str, str]:
+    """Checksums of the engine's tensors under the manifest's names, where the engine exposes them.
+
+    vLLM pads the vocabulary dimension of embeddings and lm_head; the padding rows are cut off.
+    """
+    out = {}
+    for s in specs:
+        t = held.get(s.name)
+        if t is None:
+            continue
+        shape = tuple(s.shape)
+        if tuple(t.shape) != shape and t.shape[1:] == shape[1:] and t.shape[0] >= shape[0]:
+            t = t[: shape[0]]
+        if tuple(t.shape) == shape and str(t.dtype).removeprefix("torch.") == s.dtype:
+            out[s.name] = tensor_checksum(t)
+    return out

@@ -1,0 +1,57 @@
+"""vLLM engine, run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so tensors pass without copies."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from protos.grpo.v1 import queue_pb2
+
+from .engine import Sample
+
+
+class VllmEngine:
+    def __init__(self, model_path: str, seed: int, max_model_len: int):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM
+
+        on_cpu = not torch.cuda.is_available()
+        self.llm = LLM(
+            model=model_path,
+            dtype="float32" if on_cpu else "bfloat16",
+            max_model_len=max_model_len,
+            enforce_eager=on_cpu,
+            seed=seed,
+            worker_extension_cls="services.rollout.vllm_ext.WeightLoaderExtension",
+        )
+
+    def generate(
+        self, prompts: list[list[int]], num_samples: int, sampling: queue_pb2.SamplingParams
+    ) -> list[list[Sample]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(
+            n=num_samples,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            ignore_eos=sampling.ignore_eos,
+            seed=sampling.seed or None,
+            logprobs=0,  # the sampled token's raw logprob only
+        )
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [
+            [
+                Sample(list(c.token_ids), [c.logprobs[i][t].logprob for i, t in enumerate(c.token_ids)], c.finish_reason or "")
+                for c in out.outputs
+            ]
+            for out in outs
+        ]
+
+    def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        self.llm.collective_rpc("load_named", args=(named,))
+
+    def read_weights(self) -> dict[str, torch.Tensor]:
+        return self.llm.collective_rpc("read_named")[0]

@@ -1,0 +1,28 @@
+"""Serve the weightsync control plane and host the rendezvous store of transfer groups."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import torch
+import torch.distributed as dist
+
+from protos.grpo.v1 import weightsync_pb2_grpc
+from services.common.config import WeightsyncSection
+from services.common.grpcio import make_server
+from services.common.lifecycle import serve_until_signal
+
+from .servicer import WeightSyncServicer
+
+
+def serve(cfg: WeightsyncSection) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s weightsync %(levelname)s %(message)s")
+    store = dist.TCPStore(
+        cfg.host, cfg.store_port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=cfg.timeout_s)
+    )
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    server, port = make_server(cfg.host, cfg.grpc_port)
+    weightsync_pb2_grpc.add_WeightSyncServicer_to_server(WeightSyncServicer(cfg.host, store.port, backend), server)
+    logging.info("serving on %s:%d, transfer store on port %d (%s)", cfg.host, port, store.port, backend)
+    serve_until_signal(server)
