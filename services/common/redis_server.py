@@ -25,7 +25,10 @@ def start_redis(port: int, data_dir: str | Path, timeout_s: float = 20.0) -> sub
     data_dir.mkdir(parents=True, exist_ok=True)
     args = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir)]
     args += ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
-    proc = subprocess.Popen(args, stdout=(data_dir / "redis.log").open("ab"), stderr=subprocess.STDOUT)
+    # Own session, like every service: stop_all signals process groups.
+    proc = subprocess.Popen(
+        args, stdout=(data_dir / "redis.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+    )
     client = redis.Redis(port=port)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

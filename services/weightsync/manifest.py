@@ -22,11 +22,16 @@ def combine(bucket_checksums: list[str]) -> str:
     return checksum("".join(bucket_checksums).encode())
 
 
+ALIGN_BYTES = 64
+"""Offsets inside a bucket are aligned so every tensor can be viewed in place at its dtype."""
+
+
 def plan(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[weights_pb2.TensorSpec]:
     """Assign tensors to buckets in order; a tensor larger than a bucket gets a bucket of its own."""
     specs, bucket, used = [], 0, 0
     for name, t in named:
         nbytes = t.numel() * t.element_size()
+        used = -(-used // ALIGN_BYTES) * ALIGN_BYTES
         if used and used + nbytes > bucket_bytes:
             bucket, used = bucket + 1, 0
         specs.append(
@@ -53,7 +58,7 @@ def bucket_sizes(specs: list[weights_pb2.TensorSpec]) -> list[int]:
 def pack_bucket(named: dict[str, torch.Tensor], specs: list[weights_pb2.TensorSpec], index: int) -> torch.Tensor:
     """The bucket's bytes as one flat uint8 tensor, tensors at their planned offsets."""
     members = [s for s in specs if s.bucket == index]
-    out = torch.empty(members[-1].offset + members[-1].nbytes, dtype=torch.uint8)
+    out = torch.zeros(members[-1].offset + members[-1].nbytes, dtype=torch.uint8)  # padding is zeros
     for s in members:
         out[s.offset : s.offset + s.nbytes].copy_(named[s.name].detach().contiguous().view(-1).view(torch.uint8))
     return out

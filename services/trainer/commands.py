@@ -1,0 +1,87 @@
+"""The trainer's commands: what every rank runs, identically, for each RPC that rank 0 receives."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from google.protobuf.message import Message
+
+from protos.grpo.v1 import trainer_pb2
+from services.common.config import WeightsyncSection
+from services.weightsync.client import publish
+
+from .engine import Engine
+from .packing import Seq
+
+
+class Op(enum.IntEnum):
+    SHUTDOWN = 0
+    PING = 1
+    """Keeps idle followers' pending broadcast inside the process group's timeout."""
+    TRAIN = 2
+    LOGPROBS = 3
+    SAVE = 4
+    PUBLISH = 5
+
+
+def to_seqs(sequences: Iterable[trainer_pb2.Sequence]) -> list[Seq]:
+    return [Seq(list(s.prompt_ids), list(s.response_ids)) for s in sequences]
+
+
+class Executor:
+    """Decodes a command's request bytes and runs it on this rank's engine; replies matter on rank 0 only."""
+
+    def __init__(self, engine: Engine, weightsync: WeightsyncSection):
+        self.engine, self.weightsync = engine, weightsync
+        self._handlers: dict[Op, tuple[type[Message], Callable[[Message], Message | None]]] = {
+            Op.TRAIN: (trainer_pb2.TrainRequest, self.train),
+            Op.LOGPROBS: (trainer_pb2.LogprobsRequest, self.logprobs),
+            Op.SAVE: (trainer_pb2.SaveRequest, self.save),
+            Op.PUBLISH: (trainer_pb2.PublishWeightsRequest, self.publish),
+        }
+
+    def run(self, op: Op, payload: bytes) -> Message | None:
+        request_type, handler = self._handlers[op]
+        return handler(request_type.FromString(payload))
+
+    def train(self, request: trainer_pb2.TrainRequest) -> trainer_pb2.TrainReply:
+        seqs = request.sequences
+        metrics = self.engine.train(
+            to_seqs(seqs), [s.advantage for s in seqs], [list(s.rollout_logprobs) for s in seqs]
+        )
+        return trainer_pb2.TrainReply(policy_version=self.engine.policy_version, metrics=metrics)
+
+    def logprobs(self, request: trainer_pb2.LogprobsRequest) -> trainer_pb2.LogprobsReply:
+        values = self.engine.logprobs(to_seqs(request.sequences))
+        return trainer_pb2.LogprobsReply(
+            policy_version=self.engine.policy_version,
+            logprobs=[trainer_pb2.TokenLogprobs(values=v.tolist()) for v in values],
+        )
+
+    def save(self, request: trainer_pb2.SaveRequest) -> trainer_pb2.SaveReply:
+        checksums = self.engine.save(Path(request.path))
+        return trainer_pb2.SaveReply(path=request.path, policy_version=self.engine.policy_version, checksums=checksums)
+
+    def publish(self, request: trainer_pb2.PublishWeightsRequest) -> trainer_pb2.PublishWeightsReply | None:
+        sd = self.engine.full_state_dict()
+        if self.engine.rank != 0:
+            return None
+        ws = self.weightsync
+        result = publish(
+            list(sd.items()),
+            self.engine.policy_version,
+            f"{ws.host}:{ws.grpc_port}",
+            ws.bucket_bytes,
+            request.timeout_s or ws.timeout_s,
+        )
+        return trainer_pb2.PublishWeightsReply(
+            policy_version=result.policy_version,
+            payload_bytes=result.payload_bytes,
+            refit_s=result.refit_s,
+            checksum=result.checksum,
+            num_endpoints=result.num_endpoints,
+            received_checksums=result.received_checksums,
+            num_readback_verified=result.num_readback_verified,
+        )

@@ -1,0 +1,85 @@
+"""Trainer gRPC servicer (rank 0): validates each request, then has every rank run it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+
+from protos.grpo.v1 import trainer_pb2, trainer_pb2_grpc
+from services.common.grpcio import PreconditionError, servicer_edge
+from services.weightsync.client import RefitError
+
+from .commands import Op
+from .driver import Driver
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
+    def __init__(self, driver: Driver, vocab_size: int, max_tokens_per_microbatch: int):
+        self.driver = driver
+        self.vocab_size, self.max_tokens_per_microbatch = vocab_size, max_tokens_per_microbatch
+
+    @servicer_edge
+    def Train(self, request, context):
+        self._check_sequences(request.sequences, for_training=True)
+        return self.driver.call(Op.TRAIN, request)
+
+    @servicer_edge
+    def ComputeLogprobs(self, request, context):
+        self._check_sequences(request.sequences, for_training=False)
+        return self.driver.call(Op.LOGPROBS, request)
+
+    @servicer_edge
+    def Save(self, request, context):
+        if not request.path:
+            raise ValueError("path is required")
+        path = Path(request.path)
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise ValueError(f"{path} exists and is not an empty folder; checkpoints are never overwritten")
+        return self.driver.call(Op.SAVE, request)
+
+    @servicer_edge
+    def PublishWeights(self, request, context):
+        if request.timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0 (0 = the configured default), got {request.timeout_s}")
+        try:
+            return self.driver.call(Op.PUBLISH, request)
+        except (RefitError, grpc.RpcError) as e:
+            # The trainer itself is fine and keeps serving; the caller decides whether to retry the refit.
+            raise PreconditionError(f"weights of this version were not published: {_describe(e)}") from e
+
+    def _check_sequences(self, sequences: Sequence[trainer_pb2.Sequence], for_training: bool) -> None:
+        """Reject here, before any rank starts: a bad request found mid-collective would hang the others."""
+        if not sequences:
+            raise ValueError("sequences must not be empty")
+        for i, s in enumerate(sequences):
+            if not s.prompt_ids or not s.response_ids:
+                raise ValueError(f"sequence {i}: prompt_ids and response_ids must both be non-empty")
+            num_tokens = len(s.prompt_ids) + len(s.response_ids)
+            if num_tokens > self.max_tokens_per_microbatch:
+                raise ValueError(
+                    f"sequence {i}: {num_tokens} tokens exceed trainer.max_tokens_per_microbatch="
+                    f"{self.max_tokens_per_microbatch}"
+                )
+            bad = [t for t in (*s.prompt_ids, *s.response_ids) if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"sequence {i}: token id {bad[0]} outside [0, {self.vocab_size})")
+            if for_training:
+                _check_training_fields(i, s)
+
+
+def _check_training_fields(i: int, s: trainer_pb2.Sequence) -> None:
+    if len(s.rollout_logprobs) != len(s.response_ids):
+        raise ValueError(
+            f"sequence {i}: {len(s.rollout_logprobs)} rollout_logprobs for {len(s.response_ids)} response tokens"
+        )
+    if not math.isfinite(s.advantage):
+        raise ValueError(f"sequence {i}: advantage must be finite, got {s.advantage}")
+
+
+def _describe(e: Exception) -> str:
+    if isinstance(e, grpc.RpcError):
+        return f"{e.code().name}: {e.details()}"
+    return str(e)

@@ -1,0 +1,97 @@
+"""A few GRPO steps through all four services, started the way `make run` starts them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from services.coordinator.metrics import STEP_KEYS
+
+NUM_STEPS, NUM_PROMPTS, NUM_SAMPLES = 3, 4, 4
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def _launch(tmp_path: Path, tiny_model: Path, *overrides: str) -> subprocess.Popen:
+    args = [
+        f'run.output_dir="{tmp_path}"',
+        'run.run_id="e2e"',
+        f'model.path="{tiny_model}"',
+        f"coordinator.num_prompts={NUM_PROMPTS}",
+        f"coordinator.num_samples={NUM_SAMPLES}",
+        *overrides,
+    ]
+    return subprocess.Popen([sys.executable, "-m", "deploy.local", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_grpo_steps_through_all_services(tmp_path, tiny_model):
+    proc = _launch(tmp_path, tiny_model, f"run.num_steps={NUM_STEPS}", "rollout.engine=vllm", "trainer.num_ranks=2")
+    out, _ = proc.communicate(timeout=900)
+    run_dir = tmp_path / "e2e"
+    assert proc.returncode == 0, out.decode()[-3000:]
+
+    metrics = _jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, NUM_STEPS + 1))
+    for m in metrics:
+        assert set(STEP_KEYS) <= set(m)
+        assert m["policy_version"] == m["step"]
+        # Trainer and rollout agree on the sampled tokens' logprobs (fp32).
+        assert 1.0 <= m["mismatch/mult_prob_error"] <= 1.001
+        assert m["refit/bytes"] > 0 and m["avg_generated_tokens"] == 8
+
+    # After each refit the engine received exactly what the trainer sent, and what it holds
+    # (where vLLM lets it be read) equals the trainer's tensors; the trainer checks both.
+    refits = _jsonl(run_dir / "refits.jsonl")
+    assert [r["policy_version"] for r in refits] == list(range(1, NUM_STEPS + 1))
+    for r in refits:
+        assert list(r["received_checksums"].values()) == [r["checksum"]]
+        assert r["num_readback_verified"] >= 5
+
+    # Every prompt's trajectories land in exactly one training batch.
+    batches = _jsonl(run_dir / "batches.jsonl")
+    all_ids = [t for b in batches for t in b["trajectory_ids"]]
+    assert len(all_ids) == len(set(all_ids)) == NUM_STEPS * NUM_PROMPTS * NUM_SAMPLES
+    for b in batches:
+        expected = {f"e2e/{b['step']}/{p}/{s}" for p in range(NUM_PROMPTS) for s in range(NUM_SAMPLES)}
+        assert set(b["trajectory_ids"]) == expected
+
+    assert (run_dir / "plot.png").stat().st_size > 0
+    assert b"reward" in out
+    assert not _processes_mentioning(str(run_dir))
+
+
+def test_ctrl_c_stops_every_process(tmp_path, tiny_model):
+    proc = _launch(tmp_path, tiny_model, "run.num_steps=1000", "rollout.engine=hf", "trainer.num_ranks=2")
+    metrics = tmp_path / "e2e" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and metrics.read_text()):
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no step finished within 300 s"
+        time.sleep(0.5)
+    assert _processes_mentioning(str(tmp_path / "e2e"))
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert not _processes_mentioning(str(tmp_path / "e2e"))

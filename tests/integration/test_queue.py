@@ -1,0 +1,56 @@
+"""Redis Streams semantics with a real server: leases, a killed worker, dedup by id."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import uuid
+
+from protos.grpo.v1 import queue_pb2
+from services.common.queue import WorkQueue, connect
+
+
+def _queue(redis_url: str) -> WorkQueue:
+    suffix = uuid.uuid4().hex[:8]
+    q = WorkQueue(connect(redis_url), f"prompts-{suffix}", f"trajectories-{suffix}")
+    q.ensure_group()
+    return q
+
+
+def _claim_and_die(redis_url: str, prompts: str, trajectories: str) -> None:
+    q = WorkQueue(connect(redis_url), prompts, trajectories)
+    assert q.claim("doomed", block_ms=2000, lease_timeout_s=60) is not None
+    import os
+
+    os._exit(1)  # dies holding the lease: no trajectory, no ack
+
+
+def test_trajectory_survives_a_killed_worker(redis_url):
+    q = _queue(redis_url)
+    q.enqueue([queue_pb2.PromptWork(run_id="r", step=1, prompt_index=0, prompt_ids=[1, 2], num_samples=2)])
+    cursor = q.trajectories_tail()
+    p = mp.get_context("spawn").Process(target=_claim_and_die, args=(redis_url, q.prompts, q.trajectories))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 1
+    assert q.depths()["prompts_pending"] == 1
+    assert q.claim("alive", block_ms=100, lease_timeout_s=60) is None  # still leased to the dead one
+    time.sleep(0.3)
+    entry_id, work = q.claim("alive", block_ms=100, lease_timeout_s=0.2)
+    assert (work.step, work.prompt_index) == (1, 0)
+    q.complete(entry_id, queue_pb2.TrajectoryGroup(run_id="r", step=1, prompt_index=0, trajectories=[queue_pb2.Trajectory()]))
+    assert q.depths()["prompts_pending"] == 0
+    _, groups = q.read_trajectories(cursor, block_ms=100)
+    assert [(g.step, g.prompt_index) for g in groups] == [(1, 0)]
+
+
+def test_each_item_goes_to_one_worker(redis_url):
+    q = _queue(redis_url)
+    q.enqueue([queue_pb2.PromptWork(prompt_index=i) for i in range(6)])
+    seen = []
+    for worker in ["w1", "w2", "w1", "w2", "w1", "w2"]:
+        entry_id, work = q.claim(worker, block_ms=100, lease_timeout_s=60)
+        seen.append(work.prompt_index)
+        q.complete(entry_id, queue_pb2.TrajectoryGroup(prompt_index=work.prompt_index))
+    assert sorted(seen) == list(range(6))
+    assert q.claim("w3", block_ms=100, lease_timeout_s=60) is None
