@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import RunConfig
-from services.common.ports import free_port
+from services.common.ports import free_port, is_free
 
 
 @dataclass(frozen=True)
@@ -40,20 +40,9 @@ def resolve(cfg: RunConfig) -> RunConfig:
 def _free_range(n: int) -> int:
     for _ in range(100):
         base = free_port()
-        if all(_is_free(base + i) for i in range(1, n)):
+        if all(is_free(base + i) for i in range(1, n)):
             return base
     raise RuntimeError(f"no {n} consecutive free ports")
-
-
-def _is_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def launches(cfg: RunConfig, config_path: Path) -> list[Launch]:

@@ -18,7 +18,7 @@ class RunSection(_Section):
     """Name of the run; empty = a timestamp. Output goes to `<output_dir>/<run_id>/`."""
     output_dir: str = "runs"
     """Folder that holds one subfolder per run."""
-    num_steps: int = Field(default=30, ge=1)
+    num_steps: int = Field(default=50, ge=1)
     """GRPO steps to run before stopping."""
     seed: int = 0
     """Seed of prompt sampling, model creation and sampling."""

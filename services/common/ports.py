@@ -1,9 +1,27 @@
 """Free TCP ports for local placement and tests."""
 
+import random
 import socket
+
+# Below Linux's ephemeral range (32768-60999): a port picked here is not handed out again by the
+# kernel to an outgoing connection or a bind(0) between the moment we pick it and the moment a
+# service binds it.
+_LOW, _HIGH = 20000, 32000
+
+
+def is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(_LOW, _HIGH)
+        if is_free(port):
+            return port
+    raise RuntimeError(f"no free port in [{_LOW}, {_HIGH})")

@@ -39,7 +39,9 @@ class WorkQueue:
 
     def trajectories_tail(self) -> str:
         """Cursor at the stream's current end: only groups added after this call are read."""
-        last = self.r.xinfo_stream(self.trajectories)["last-generated-id"] if self.r.exists(self.trajectories) else b"0-0"
+        last = (
+            self.r.xinfo_stream(self.trajectories)["last-generated-id"] if self.r.exists(self.trajectories) else b"0-0"
+        )
         return last.decode() if isinstance(last, bytes) else str(last)
 
     def read_trajectories(self, cursor: str, block_ms: int) -> tuple[str, list[queue_pb2.TrajectoryGroup]]:
@@ -64,7 +66,9 @@ class WorkQueue:
     # --- rollout side ------------------------------------------------------------------
     def claim(self, consumer: str, block_ms: int, lease_timeout_s: float) -> tuple[str, queue_pb2.PromptWork] | None:
         """A work item: first one a dead worker left pending too long, else a new one."""
-        reclaimed = self.r.xautoclaim(self.prompts, ROLLOUT_GROUP, consumer, int(lease_timeout_s * 1000), "0-0", count=1)
+        reclaimed = self.r.xautoclaim(
+            self.prompts, ROLLOUT_GROUP, consumer, int(lease_timeout_s * 1000), "0-0", count=1
+        )
         # Redis 6.2 answers [next, entries], Redis 7 [next, entries, deleted].
         entries = [e for e in reclaimed[1] if e[1]]
         if not entries:

@@ -42,11 +42,19 @@ def serve(cfg: RunConfig) -> None:
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(runner, cfg.run.num_steps), server)
     server.start()
     http = uvicorn.Server(
-        uvicorn.Config(make_app(state, queue), host=cfg.coordinator.host, port=cfg.coordinator.http_port, log_level="warning")
+        uvicorn.Config(
+            make_app(state, queue), host=cfg.coordinator.host, port=cfg.coordinator.http_port, log_level="warning"
+        )
     )
     http.install_signal_handlers = lambda: None  # signals stay with stop_event
     threading.Thread(target=http.run, name="http", daemon=True).start()
-    logging.info("control on %s:%d, status on http://%s:%d/status", cfg.coordinator.host, port, cfg.coordinator.host, cfg.coordinator.http_port)
+    logging.info(
+        "control on %s:%d, status on http://%s:%d/status",
+        cfg.coordinator.host,
+        port,
+        cfg.coordinator.host,
+        cfg.coordinator.http_port,
+    )
     stop.wait()
     runner.stop()
     runner.join(timeout_s=10)

@@ -33,7 +33,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def Info(self, request, context):
         s = self.state
         return rollout_pb2.InfoReply(
-            worker_id=s.worker_id, engine=s.engine_name, policy_version=s.policy_version, num_groups_done=s.num_groups_done
+            worker_id=s.worker_id,
+            engine=s.engine_name,
+            policy_version=s.policy_version,
+            num_groups_done=s.num_groups_done,
         )
 
     @servicer_edge

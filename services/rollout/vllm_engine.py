@@ -44,7 +44,11 @@ class VllmEngine:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         return [
             [
-                Sample(list(c.token_ids), [c.logprobs[i][t].logprob for i, t in enumerate(c.token_ids)], c.finish_reason or "")
+                Sample(
+                    list(c.token_ids),
+                    [c.logprobs[i][t].logprob for i, t in enumerate(c.token_ids)],
+                    c.finish_reason or "",
+                )
                 for c in out.outputs
             ]
             for out in outs

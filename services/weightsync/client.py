@@ -38,14 +38,18 @@ def publish(
     manifest, buckets = mf.build(named, policy_version, bucket_bytes)
     with channel(address) as ch:
         stub = weightsync_pb2_grpc.WeightSyncStub(ch)
-        plan = stub.PublishVersion(weightsync_pb2.PublishRequest(manifest=manifest, timeout_s=timeout_s), timeout=timeout_s)
+        plan = stub.PublishVersion(
+            weightsync_pb2.PublishRequest(manifest=manifest, timeout_s=timeout_s), timeout=timeout_s
+        )
         send_error = None
         try:
             open_group(plan.group).send(buckets)
         except Exception as e:  # still collect the endpoints' side, which names the failed peer
             drop_group(plan.group)
             send_error = f"sender: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        reply = stub.AwaitVersion(weightsync_pb2.AwaitRequest(refit_id=plan.refit_id, timeout_s=timeout_s), timeout=timeout_s)
+        reply = stub.AwaitVersion(
+            weightsync_pb2.AwaitRequest(refit_id=plan.refit_id, timeout_s=timeout_s), timeout=timeout_s
+        )
     failed = [f"{r.endpoint_id}: {r.error}" for r in reply.results if not r.ok]
     if failed or send_error:
         drop_group(plan.group)

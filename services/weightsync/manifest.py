@@ -82,7 +82,9 @@ def build(named: list[tuple[str, torch.Tensor]], policy_version: int, bucket_byt
     manifest = weights_pb2.WeightManifest(
         policy_version=policy_version,
         tensors=specs,
-        buckets=[weights_pb2.BucketSpec(index=i, nbytes=b.numel(), checksum=c) for i, (b, c) in enumerate(zip(buckets, sums))],
+        buckets=[
+            weights_pb2.BucketSpec(index=i, nbytes=b.numel(), checksum=c) for i, (b, c) in enumerate(zip(buckets, sums))
+        ],
         checksum=combine(sums),
         payload_bytes=sum(b.numel() for b in buckets),
     )

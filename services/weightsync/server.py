@@ -19,7 +19,11 @@ from .servicer import WeightSyncServicer
 def serve(cfg: WeightsyncSection) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s weightsync %(levelname)s %(message)s")
     store = dist.TCPStore(
-        cfg.host, cfg.store_port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=cfg.timeout_s)
+        cfg.host,
+        cfg.store_port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=cfg.timeout_s),
     )
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     server, port = make_server(cfg.host, cfg.grpc_port)

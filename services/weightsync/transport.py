@@ -93,7 +93,9 @@ def receive_version(
     for spec, buf in zip(manifest.buckets, buckets):
         got = mf.checksum(buf.numpy())
         if got != spec.checksum:
-            raise ValueError(f"bucket {spec.index} of version {manifest.policy_version}: checksum {got} != {spec.checksum}")
+            raise ValueError(
+                f"bucket {spec.index} of version {manifest.policy_version}: checksum {got} != {spec.checksum}"
+            )
         sums.append(got)
     named = [nt for i, buf in enumerate(buckets) for nt in mf.unpack_bucket(buf, list(manifest.tensors), i)]
     return named, mf.combine(sums)

@@ -39,7 +39,17 @@ def _launch(tmp_path: Path, tiny_model: Path, *overrides: str) -> subprocess.Pop
         f"coordinator.num_samples={NUM_SAMPLES}",
         *overrides,
     ]
-    return subprocess.Popen([sys.executable, "-m", "deploy.local", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "deploy.local", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
+def _logs(run_dir: Path, proc: subprocess.Popen | None = None) -> str:
+    """The launcher's output and each service log's tail, for a failure message."""
+    text = proc.stdout.read().decode()[-2000:] if proc else ""
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        text += f"\n== {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+    return text
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -50,7 +60,7 @@ def test_grpo_steps_through_all_services(tmp_path, tiny_model):
     proc = _launch(tmp_path, tiny_model, f"run.num_steps={NUM_STEPS}", "rollout.engine=vllm", "trainer.num_ranks=2")
     out, _ = proc.communicate(timeout=900)
     run_dir = tmp_path / "e2e"
-    assert proc.returncode == 0, out.decode()[-3000:]
+    assert proc.returncode == 0, out.decode()[-2000:] + _logs(run_dir)
 
     metrics = _jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, NUM_STEPS + 1))
@@ -87,7 +97,7 @@ def test_ctrl_c_stops_every_process(tmp_path, tiny_model):
     metrics = tmp_path / "e2e" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and metrics.read_text()):
-        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert proc.poll() is None, _logs(tmp_path / "e2e", proc)
         assert time.monotonic() < deadline, "no step finished within 300 s"
         time.sleep(0.5)
     assert _processes_mentioning(str(tmp_path / "e2e"))

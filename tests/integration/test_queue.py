@@ -38,7 +38,9 @@ def test_trajectory_survives_a_killed_worker(redis_url):
     time.sleep(0.3)
     entry_id, work = q.claim("alive", block_ms=100, lease_timeout_s=0.2)
     assert (work.step, work.prompt_index) == (1, 0)
-    q.complete(entry_id, queue_pb2.TrajectoryGroup(run_id="r", step=1, prompt_index=0, trajectories=[queue_pb2.Trajectory()]))
+    q.complete(
+        entry_id, queue_pb2.TrajectoryGroup(run_id="r", step=1, prompt_index=0, trajectories=[queue_pb2.Trajectory()])
+    )
     assert q.depths()["prompts_pending"] == 0
     _, groups = q.read_trajectories(cursor, block_ms=100)
     assert [(g.step, g.prompt_index) for g in groups] == [(1, 0)]

@@ -50,7 +50,10 @@ def _wait_long(address: str, timeout_s: float) -> None:
 
 def _new_weights(tiny_model, seed: int) -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [(n, torch.randn(t.shape, generator=g) * 0.05) for n, t in sorted(load_file(tiny_model / "model.safetensors").items())]
+    return [
+        (n, torch.randn(t.shape, generator=g) * 0.05)
+        for n, t in sorted(load_file(tiny_model / "model.safetensors").items())
+    ]
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])

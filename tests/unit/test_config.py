@@ -7,7 +7,9 @@ from services.common.config import ConfigError, dump_toml, load_config
 
 
 def test_defaults_validate_and_round_trip_through_toml(tmp_path):
-    cfg = load_config(None, ["run.num_steps=3", 'rollout.engine="hf"', "trainer.lr=1e-4", "coordinator.ignore_eos=false"])
+    cfg = load_config(
+        None, ["run.num_steps=3", 'rollout.engine="hf"', "trainer.lr=1e-4", "coordinator.ignore_eos=false"]
+    )
     assert (cfg.run.num_steps, cfg.rollout.engine, cfg.trainer.lr, cfg.coordinator.ignore_eos) == (3, "hf", 1e-4, False)
     path = tmp_path / "c.toml"
     path.write_text(dump_toml(cfg))
