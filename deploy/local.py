@@ -20,16 +20,27 @@ def main() -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from .placement import resolve
+    from .placement import gpu_env, resolve
 
     cfg = resolve(cfg)
+    try:
+        gpus = gpu_env(cfg, _num_gpus())
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     run_dir = Path(cfg.run.output_dir) / cfg.run.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(dump_toml(cfg))
-    return run_local(cfg, run_dir)
+    return run_local(cfg, run_dir, gpus)
 
 
-def run_local(cfg: RunConfig, run_dir: Path) -> int:
+def _num_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def run_local(cfg: RunConfig, run_dir: Path, gpus: dict[str, dict[str, str]]) -> int:
     from services.common.redis_server import start_redis
     from services.common.tinymodel import create_tiny_model
 
@@ -44,7 +55,7 @@ def run_local(cfg: RunConfig, run_dir: Path) -> int:
             redis_proc = start_redis(cfg.redis.port, run_dir / "redis")
             services.append(Service("redis", redis_proc, run_dir / "redis" / "redis.log"))
         for launch in launches(cfg, run_dir / "config.toml"):
-            services.append(spawn(launch.name, launch.args, run_dir / "logs"))
+            services.append(spawn(launch.name, launch.args, run_dir / "logs", gpus.get(launch.name)))
         return drive(cfg, run_dir, services)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping every service", file=sys.stderr)

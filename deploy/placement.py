@@ -60,3 +60,24 @@ def launches(cfg: RunConfig, config_path: Path) -> list[Launch]:
         out.append(Launch(f"rollout-{i}", ["-m", "services.rollout.main", "--worker-index", str(i), *conf]))
     out.append(Launch("coordinator", ["-m", "services.coordinator.main", *conf]))
     return out
+
+
+def gpu_env(cfg: RunConfig, num_gpus: int) -> dict[str, dict[str, str]]:
+    """CUDA_VISIBLE_DEVICES per service: trainer ranks on the first GPUs, one GPU per rollout worker after.
+
+    Disaggregated only: an NCCL group cannot hold two ranks on one GPU, so every trainer rank and
+    every rollout worker needs its own.
+    """
+    if num_gpus == 0:
+        return {}
+    need = cfg.trainer.num_ranks + cfg.rollout.num_workers
+    if need > num_gpus:
+        raise ValueError(
+            f"trainer.num_ranks ({cfg.trainer.num_ranks}) + rollout.num_workers ({cfg.rollout.num_workers}) "
+            f"= {need} GPUs asked, {num_gpus} present"
+        )
+    trainer = ",".join(str(g) for g in range(cfg.trainer.num_ranks))
+    env = {"trainer": {"CUDA_VISIBLE_DEVICES": trainer}}
+    for i in range(cfg.rollout.num_workers):
+        env[f"rollout-{i}"] = {"CUDA_VISIBLE_DEVICES": str(cfg.trainer.num_ranks + i)}
+    return env

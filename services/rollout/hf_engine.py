@@ -16,29 +16,57 @@ class HFEngine:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
-        self.eos_token_id = self.model.config.eos_token_id
-        self.generator = torch.Generator(self.device).manual_seed(seed)
+        config = self.model.config
+        self.eos_token_id = config.eos_token_id
+        self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+        torch.manual_seed(seed)
 
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], num_samples: int, sampling: queue_pb2.SamplingParams
     ) -> list[list[Sample]]:
-        return [[self._sample(p, sampling) for _ in range(num_samples)] for p in prompts]
+        from transformers import GenerationConfig
 
-    def _sample(self, prompt: list[int], sampling: queue_pb2.SamplingParams) -> Sample:
-        ids = torch.tensor([prompt], device=self.device)
-        past, tokens, logprobs, finish = None, [], [], "length"
-        for _ in range(sampling.max_tokens):
-            out = self.model(input_ids=ids, past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[0, -1].float()
-            token = _sample_token(logits, sampling.temperature, sampling.top_p, self.generator)
-            tokens.append(token)
-            logprobs.append(torch.log_softmax(logits, -1)[token].item())
-            if token == self.eos_token_id and not sampling.ignore_eos:
-                finish = "stop"
-                break
-            ids = torch.tensor([[token]], device=self.device)
-        return Sample(tokens, logprobs, finish)
+        if sampling.seed:
+            torch.manual_seed(sampling.seed)
+        ids, mask = self._left_pad([p for p in prompts for _ in range(num_samples)])
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0,  # like vLLM's default: no top-k cut
+            max_new_tokens=sampling.max_tokens,
+            # With ignore_eos there is no stop token; EOS may still be sampled, as in vLLM.
+            eos_token_id=None if sampling.ignore_eos else self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+        )
+        out = self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=config,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        tokens_BT = out.sequences[:, ids.shape[1] :]
+        # Raw (unscaled) logprobs of the sampled tokens, the quantity vLLM reports by default.
+        logp_BT = torch.stack(out.logits, 1).float().log_softmax(-1).gather(-1, tokens_BT[..., None])[..., 0]
+        samples = [self._sample(t.tolist(), lp.tolist(), sampling.ignore_eos) for t, lp in zip(tokens_BT, logp_BT)]
+        return [samples[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _sample(self, tokens: list[int], logprobs: list[float], ignore_eos: bool) -> Sample:
+        if not ignore_eos and self.eos_token_id in tokens:
+            end = tokens.index(self.eos_token_id) + 1
+            return Sample(tokens[:end], logprobs[:end], "stop")
+        return Sample(tokens, logprobs, "length")
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
         params = self.model.state_dict()
@@ -50,12 +78,3 @@ class HFEngine:
 
     def read_weights(self) -> dict[str, torch.Tensor]:
         return {n: t.detach().clone() for n, t in self.model.state_dict().items()}
-
-
-def _sample_token(logits_V: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> int:
-    probs_V = torch.softmax(logits_V / temperature, -1)
-    if top_p < 1.0:
-        sorted_p, order = probs_V.sort(descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p
-        probs_V = torch.zeros_like(probs_V).scatter(0, order[keep], sorted_p[keep])
-    return int(torch.multinomial(probs_V, 1, generator=gen).item())
