@@ -1,0 +1,176 @@
+"""A GRPO run on all GPUs of one host: trainer FSDP2 on half, transformers engines on the other half.
+
+    python bench/multigpu.py [--steps 4] [--hidden 1536 --layers 28 ...]
+
+Writes bench/results/multigpu.json: the seeds' table per step, refit GB/s against the NCCL
+GPU0 -> GPU1 bandwidth measured in the same run, tokens/s per GPU, and peak memory per GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _link_worker(rank: int, port: int, nbytes: int, reps: int, out: dict) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    buf = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    for _ in range(3):
+        dist.broadcast(buf, src=0)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dist.broadcast(buf, src=0)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    if rank == 0:
+        out["GBps"] = nbytes / min(times) / 1e9
+    dist.destroy_process_group()
+
+
+def nccl_link_GBps(nbytes: int = 2**30, reps: int = 10) -> float:
+    """Best-of-reps broadcast bandwidth GPU0 -> GPU1, the physical baseline for refit."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_link_worker, args=(port, nbytes, reps, out), nprocs=2, join=True)
+        return out["GBps"]
+
+
+class GpuMemorySampler:
+    """Peak memory.used per GPU from nvidia-smi, sampled every 0.5 s while the run goes on."""
+
+    def __init__(self):
+        self.peak_MiB: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
+        while not self._stop.is_set():
+            for line in subprocess.run(query, capture_output=True, text=True).stdout.splitlines():
+                index, used = (int(x) for x in line.split(","))
+                self.peak_MiB[index] = max(self.peak_MiB.get(index, 0), used)
+            self._stop.wait(0.5)
+
+
+def run_grpo(args, num_gpus: int, work: Path) -> Path:
+    half = num_gpus // 2
+    overrides = [
+        f'run.output_dir="{work}"',
+        'run.run_id="multigpu"',
+        f"run.num_steps={args.steps}",
+        f'model.path="{work / "model"}"',
+        f"model.hidden_size={args.hidden}",
+        f"model.num_layers={args.layers}",
+        f"model.num_heads={args.heads}",
+        f"model.num_kv_heads={args.kv_heads}",
+        f"model.intermediate_size={args.intermediate}",
+        "rollout.engine=hf",
+        f"rollout.num_workers={num_gpus - half}",
+        f"trainer.num_ranks={half}",
+        f"coordinator.num_prompts={args.prompts}",
+        f"coordinator.num_samples={args.samples}",
+        f"coordinator.max_tokens={args.max_tokens}",
+        "trainer.max_tokens_per_microbatch=16384",
+        "weightsync.timeout_s=600",
+    ]
+    subprocess.run([sys.executable, "-m", "deploy.local", *overrides], cwd=ROOT, check=True, timeout=1800)
+    return work / "multigpu"
+
+
+def summarize(run_dir: Path, num_gpus: int, link_GBps: float, peak_MiB: dict[int, int], args) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keys = (
+        "step",
+        "timing/total_s",
+        "timing/policy_training_s",
+        "timing/refit_s",
+        "timing/generation_s",
+        "timing/logprobs_s",
+        "avg_generated_tokens",
+        "reward/mean",
+        "mismatch/mult_prob_error",
+        "refit/GBps",
+        "throughput/tokens_per_s_per_gpu",
+        "peak_mem_GiB",
+    )
+    table = [{k: r.get(k) for k in keys} for r in rows]
+    steady = rows[1:] or rows  # the first step carries warm-up (allocator, NCCL communicators)
+    refit_GBps = sum(r["refit/GBps"] for r in steady) / len(steady)
+    tokens = sum(r["num_tokens"] for r in steady)
+    return {
+        "command": "python bench/multigpu.py " + " ".join(sys.argv[1:]),
+        "machine": f"{num_gpus}x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {platform.node()}",
+        "model": vars(args),
+        "num_gpus": num_gpus,
+        "steps": table,
+        "nccl_link_GBps": link_GBps,
+        "refit_GBps": refit_GBps,
+        "refit_frac_of_link": refit_GBps / link_GBps,
+        "refit_bytes": rows[-1]["refit/bytes"],
+        # Whole-step throughput: every GPU counted, tokens trained per second of step wall time.
+        "tokens_per_s_per_gpu_step": tokens / sum(r["timing/total_s"] for r in steady) / num_gpus,
+        "trainer_tokens_per_s_per_gpu": sum(r["throughput/tokens_per_s_per_gpu"] for r in steady) / len(steady),
+        "peak_mem_GiB_per_gpu": {str(k): v / 1024 for k, v in sorted(peak_MiB.items())},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=1536)
+    p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--intermediate", type=int, default=8960)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--work", default="/tmp/multigpu")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multigpu.json"))
+    args = p.parse_args()
+    num_gpus = torch.cuda.device_count()
+    if num_gpus < 2:
+        raise SystemExit(f"needs >= 2 GPUs, found {num_gpus}")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    link = nccl_link_GBps()
+    print(f"NCCL GPU0->GPU1 broadcast: {link:.1f} GB/s", flush=True)
+    with GpuMemorySampler() as mem:
+        run_dir = run_grpo(args, num_gpus, Path(args.work))
+    result = summarize(run_dir, num_gpus, link, mem.peak_MiB, args)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
