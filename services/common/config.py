@@ -108,9 +108,43 @@ class TrainerSection(_Section):
     clip_eps: float = Field(default=0.2, gt=0)
     """PPO clip range of the importance ratio."""
     kl_beta: float = Field(default=0.0, ge=0)
-    """Weight of the k3 KL penalty to the reference model; 0 = no reference model."""
+    """Weight of the KL penalty to the reference model (see kl_estimator); 0 = no reference model."""
     max_tokens_per_microbatch: int = Field(default=4096, ge=16)
     """Token budget of one forward/backward."""
+    loss: Literal["grpo", "dapo", "gspo", "dr_grpo"] = "grpo"
+    """Policy loss: grpo (token-level clipped, clip_eps), dapo (token-level clip-higher, clip_eps_low/high),
+    gspo (sequence-level ratio, clip_eps_low/high, sequence-mean), dr_grpo (clip_eps, constant normaliser)."""
+    clip_eps_low: float = Field(default=0.2, gt=0, lt=1)
+    """Lower clip range (ratio >= 1 - clip_eps_low) of dapo and gspo; GSPO's paper uses 3e-4."""
+    clip_eps_high: float = Field(default=0.28, gt=0)
+    """Upper clip range (ratio <= 1 + clip_eps_high) of dapo and gspo; DAPO uses 0.28, GSPO 4e-4."""
+    dr_grpo_norm_tokens: int = Field(default=0, ge=0)
+    """Dr.GRPO's constant per-sequence normaliser in tokens; 0 = coordinator.max_tokens (the generation budget)."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """Per-token estimator of KL(policy || reference) weighted by kl_beta: k1 = log ratio, k3 = Schulman's k3."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus (subtracted from the loss); > 0 also reports `entropy`."""
+    importance_sampling: Literal["off", "token", "sequence"] = "off"
+    """Truncated importance-sampling correction of the rollout/trainer mismatch (NeMo-RL's
+    use_importance_sampling_correction): weight the policy loss by min(pi_trainer / pi_rollout, is_truncation),
+    per token or per sequence (product over the sequence's tokens)."""
+    is_truncation: float = Field(default=2.0, gt=0)
+    """Upper bound of the importance weights (TIS)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype; bfloat16 keeps fp32 master weights, optimizer state and gradient reduction (FSDP2
+    MixedPrecisionPolicy)."""
+    activation_checkpointing: Literal["off", "layer", "selective"] = "off"
+    """Recompute activations in backward: off, every decoder layer, or selective (matmul and attention outputs
+    kept, the cheap pointwise ops recomputed)."""
+    cpu_offload: bool = False
+    """Keep the policy's sharded parameters, gradients and optimizer state in CPU memory (FSDP2
+    CPUOffloadPolicy); the optimizer then steps on the CPU."""
+    ref_cpu_offload: bool = False
+    """Keep the reference model's shards in CPU memory, moved to the device one layer at a time."""
+    attn_implementation: Literal["sdpa", "sdpa_varlen", "flex_attention"] = "sdpa"
+    """Attention over packed rows: sdpa (transformers builds a block-causal mask from the position ids), sdpa_varlen
+    (one causal sdpa call per packed sequence: no mask, no cross-sequence FLOPs; best on GPU), flex_attention
+    (block-sparse mask; compiled on first use, GPU)."""
 
 
 class WeightsyncSection(_Section):
@@ -124,6 +158,17 @@ class WeightsyncSection(_Section):
     """Bytes per transfer bucket."""
     timeout_s: float = Field(default=120.0, gt=0)
     """Deadline of one refit, rendezvous included."""
+    transport: Literal["auto", "gloo", "nccl", "cuda_ipc", "ucxx"] = "auto"
+    """Data plane of a refit: auto = nccl with a GPU, gloo without; cuda_ipc when trainer and rollout share
+    one GPU; ucxx when workers join mid-run (they pull the current version from the trainer by themselves)."""
+    num_buffers: int = Field(default=2, ge=1, le=4)
+    """Bucket buffers in flight on the sender: packing bucket i+1 overlaps sending bucket i."""
+    cast_dtype: Literal["", "bfloat16", "float16", "float32"] = ""
+    """Dtype the engine wants for floating tensors, cast on the sender (e.g. fp32 master -> bf16); "" = as held."""
+    fuse: list[Literal["qkv", "gate_up"]] = []
+    """Projections the engine wants fused, done on the sender (vLLM takes HF names and fuses itself: keep empty)."""
+    ucxx_host: str = "127.0.0.1"
+    """Address the trainer's ucxx listener binds to and rollout workers reach (transport = ucxx)."""
 
 
 class RedisSection(_Section):

@@ -10,7 +10,7 @@ import torch
 from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2
 from services.common.grpcio import servicer_edge
 from services.weightsync.manifest import tensor_checksum
-from services.weightsync.transport import receive_version
+from services.weightsync.receiver import receive_version
 
 from .engine import Engine
 
@@ -47,9 +47,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         if request.group.world_size < 2 or not 0 < request.group.rank < request.group.world_size:
             raise ValueError(f"bad transfer group rank {request.group.rank} of {request.group.world_size}")
         start = time.perf_counter()
-        # Everything arrives and is verified before the engine is touched: a failed transfer
-        # leaves the previous version fully in service.
-        named, received = receive_version(m, request.group)
+        # Everything arrives and is verified against the sender's committed checksums before the
+        # engine is touched: a failed transfer leaves the previous version fully in service.
+        named, received = receive_version(request)
         with self.state.lock:
             self.state.engine.load_weights(named)
             self.state.policy_version = m.policy_version

@@ -1,17 +1,22 @@
-"""Sender side of a refit, used by the trainer: manifest over gRPC, bytes over the transport."""
+"""Sender side of a refit, used by the trainer: plan, manifest over gRPC, bytes over the transport, commit."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass
 
 import torch
 
-from protos.grpo.v1 import weightsync_pb2, weightsync_pb2_grpc
+from protos.grpo.v1 import weights_pb2, weightsync_pb2, weightsync_pb2_grpc
 from services.common.grpcio import channel
 
+from . import checksum as cs
 from . import manifest as mf
-from .transport import drop_group, open_group
+from .pack import expected_tensor, new_ring, packed_buckets
+from .plan import ReceiverLayout, TransferPlan, layout_of, make_plan
+from .transport import device_of, drop_group, open_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,43 +37,99 @@ class RefitError(RuntimeError):
 
 
 def publish(
-    named: list[tuple[str, torch.Tensor]], policy_version: int, address: str, bucket_bytes: int, timeout_s: float
+    named: list[tuple[str, torch.Tensor]],
+    policy_version: int,
+    address: str,
+    bucket_bytes: int,
+    timeout_s: float,
+    *,
+    sender_id: str = "",
 ) -> RefitResult:
+    """Send one version to every registered endpoint, in the layout and over the transport they asked for."""
     start = time.perf_counter()
-    manifest, buckets = mf.build(named, policy_version, bucket_bytes)
+    sender_id = sender_id or f"sender {socket.gethostname()}:{os.getpid()}"
     with channel(address) as ch:
         stub = weightsync_pb2_grpc.WeightSyncStub(ch)
-        plan = stub.PublishVersion(
-            weightsync_pb2.PublishRequest(manifest=manifest, timeout_s=timeout_s), timeout=timeout_s
+        layout = stub.Layout(weightsync_pb2.LayoutRequest(), timeout=timeout_s)
+        device = device_of(layout.transport)
+        plan = make_plan(layout_of(named), ReceiverLayout(layout.cast_dtype, tuple(layout.fuse)), bucket_bytes)
+        ring, source = _prepare(layout, plan, device, sender_id)
+        manifest = mf.to_manifest(plan, policy_version, cs.algo_for(device))
+        reply = stub.PublishVersion(
+            weightsync_pb2.PublishRequest(manifest=manifest, timeout_s=timeout_s, source=source), timeout=timeout_s
         )
-        send_error = None
-        try:
-            open_group(plan.group).send(buckets)
-        except Exception as e:  # still collect the endpoints' side, which names the failed peer
-            drop_group(plan.group)
-            send_error = f"sender: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        reply = stub.AwaitVersion(
-            weightsync_pb2.AwaitRequest(refit_id=plan.refit_id, timeout_s=timeout_s), timeout=timeout_s
+        commit = _send(reply, source, plan, dict(named), ring)
+        stub.CommitVersion(commit, timeout=timeout_s)
+        done = stub.AwaitVersion(
+            weightsync_pb2.AwaitRequest(refit_id=reply.refit_id, timeout_s=timeout_s), timeout=timeout_s + 5
         )
-    failed = [f"{r.endpoint_id}: {r.error}" for r in reply.results if not r.ok]
-    if failed or send_error:
-        drop_group(plan.group)
-        raise RefitError(f"version {policy_version} not applied: {'; '.join(failed + [send_error or ''])}")
+    failed = [f"{r.endpoint_id}: {r.error}" for r in done.results if not r.ok]
+    if failed or commit.error:
+        raise RefitError(f"version {policy_version} not applied: {'; '.join(failed + [commit.error])}")
     refit_s = time.perf_counter() - start
-    verified = verify(reply.results, manifest.checksum, dict(named))
-    received = {r.endpoint_id: r.received_checksum for r in reply.results}
+    verified = verify(done.results, commit.checksum, plan, dict(named))
+    received = {r.endpoint_id: r.received_checksum for r in done.results}
     return RefitResult(
-        policy_version, manifest.payload_bytes, manifest.checksum, plan.num_endpoints, refit_s, received, verified
+        policy_version, plan.payload_bytes, commit.checksum, reply.num_endpoints, refit_s, received, verified
     )
 
 
-def verify(results, sent_checksum: str, named: dict[str, torch.Tensor]) -> int:
+def _prepare(layout, plan: TransferPlan, device: torch.device, sender_id: str):
+    """The buffers to pack into, and where receivers find the bytes besides the group's collective."""
+    source = weights_pb2.DataSource(sender_id=sender_id)
+    if layout.transport == "cuda_ipc":
+        from .cuda_ipc import shared_ring
+
+        ring, shared = shared_ring(plan, device, layout.num_buffers)
+        source.ipc_buffers.extend(weights_pb2.CudaIpcBuffer(**_fields(b)) for b in shared)
+        return ring, source
+    if layout.transport == "ucxx":
+        from .ucxx_pull import bucket_server
+
+        source.ucxx_address = bucket_server(layout.ucxx_host).address
+    return new_ring(plan, device, layout.num_buffers), source
+
+
+def _fields(b) -> dict:
+    return {f: getattr(b, f) for f in b.__slots__}
+
+
+def _send(reply, source, plan: TransferPlan, lookup: dict[str, torch.Tensor], ring) -> weightsync_pb2.CommitRequest:
+    """Pack and send every bucket; the commit carries the checksums, or the error that stopped us."""
+    sums: list = []
+    try:
+        transport = open_group(reply.group, source)
+        wait_free = getattr(transport, "wait_free", None)  # cuda_ipc: readers in other processes
+        buckets = packed_buckets(plan, lookup, ring, sums, wait_free(reply.refit_id) if wait_free else None)
+        transport.send(buckets, reply.refit_id)
+    except Exception as e:  # the endpoints' side names the failed peer; the commit tells them to stop
+        drop_group(reply.group)
+        text = str(e).strip().splitlines()
+        return weightsync_pb2.CommitRequest(
+            refit_id=reply.refit_id, error=f"sender: {type(e).__name__}: {text[0] if text else ''}"
+        )
+    digests = _hex(sums)
+    return weightsync_pb2.CommitRequest(refit_id=reply.refit_id, bucket_checksums=digests, checksum=cs.combine(digests))
+
+
+def _hex(sums: list) -> list[str]:
+    if sums and isinstance(sums[0], torch.Tensor):
+        return [cs.sum64_hex(v) for v in torch.stack(sums).cpu()]  # one device sync for all buckets
+    return list(sums)
+
+
+def verify(results, sent_checksum: str, plan: TransferPlan, named: dict[str, torch.Tensor]) -> int:
     """Check what every endpoint received and read back against what was sent; return tensors verified."""
+    slots = {s.name: s for s in plan.slots}
     counts = []
     for r in results:
         if r.received_checksum != sent_checksum:
             raise RefitError(f"{r.endpoint_id} received checksum {r.received_checksum}, sent {sent_checksum}")
-        bad = [n for n, c in r.readback_checksums.items() if c != mf.tensor_checksum(named[n])]
+        bad = [
+            n
+            for n, c in r.readback_checksums.items()
+            if n in slots and c != cs.tensor_checksum(expected_tensor(slots[n], named))
+        ]
         if bad:
             raise RefitError(f"{r.endpoint_id} holds different values than sent for {bad[:5]}")
         counts.append(len(r.readback_checksums))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import logging
 
-import torch
 import torch.distributed as dist
 
 from protos.grpo.v1 import weightsync_pb2_grpc
@@ -25,8 +24,8 @@ def serve(cfg: WeightsyncSection) -> None:
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=cfg.timeout_s),
     )
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
     server, port = make_server(cfg.host, cfg.grpc_port)
-    weightsync_pb2_grpc.add_WeightSyncServicer_to_server(WeightSyncServicer(cfg.host, store.port, backend), server)
-    logging.info("serving on %s:%d, transfer store on port %d (%s)", cfg.host, port, store.port, backend)
+    servicer = WeightSyncServicer(cfg, store.port, f"{cfg.host}:{port}")
+    weightsync_pb2_grpc.add_WeightSyncServicer_to_server(servicer, server)
+    logging.info("serving on %s:%d, transfer store on port %d (%s)", cfg.host, port, store.port, servicer.transport)
     serve_until_signal(server)

@@ -1,101 +1,106 @@
-"""Data plane of a refit: broadcast buckets from the sender (rank 0) to every receiver in a group."""
+"""The data-plane seam: one small Protocol, a factory keyed by the transport name, and group caching.
+
+Imports no protos: the transports read groups and sources by attribute (the TransferGroup and
+DataSource messages, or any object with the same fields), so the benchmark runs them without gRPC.
+"""
 
 from __future__ import annotations
 
-import datetime
 import threading
-from typing import Protocol
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, Protocol
 
 import torch
-import torch.distributed as dist
 
-from protos.grpo.v1 import weights_pb2
+from . import checksum as cs
 
-from . import manifest as mf
+TransportName = Literal["gloo", "nccl", "cuda_ipc", "ucxx"]
+TRANSPORTS: tuple[str, ...] = ("gloo", "nccl", "cuda_ipc", "ucxx")
 
 
 class WeightTransport(Protocol):
-    def send(self, buckets: list[torch.Tensor]) -> None: ...
-    def receive(self, sizes: list[int]) -> list[torch.Tensor]: ...
+    device: torch.device
+    """Where buckets must be to be sent, and where received buckets land."""
+
+    def send(self, buckets: Iterable[tuple[int, torch.Tensor]], tag: str) -> None:
+        """Send (index, bucket) in order; `tag` names the refit (keys, pull requests)."""
+
+    def receive(self, index: int, out: torch.Tensor, tag: str) -> None:
+        """Fill `out` with bucket `index` of refit `tag`."""
 
 
-class CollectiveTransport:
-    """A torch ProcessGroup outside the caller's own world, rendezvoused through the weightsync store.
-
-    Built directly on the backend class (not dist.new_group), because trainer and rollout processes
-    each already have their own default world. Every collective carries the group's timeout, so a
-    dead peer fails the refit instead of hanging it.
-    """
-
-    def __init__(self, group: weights_pb2.TransferGroup):
-        timeout = datetime.timedelta(seconds=group.timeout_s)
-        store = dist.TCPStore(group.store_host, group.store_port, is_master=False, timeout=timeout)
-        prefixed = dist.PrefixStore(group.prefix + "/", store)
-        if group.backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(prefixed, group.rank, group.world_size, timeout)
-            self.device = torch.device("cpu")
-        elif group.backend == "nccl":
-            self.pg = dist.ProcessGroupNCCL(prefixed, group.rank, group.world_size)
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            raise ValueError(f"transfer backend must be 'gloo' or 'nccl', got {group.backend!r}")
-
-    def _bcast(self, t: torch.Tensor) -> None:
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = 0, 0
-        self.pg.broadcast([t], opts).wait()
-
-    def send(self, buckets: list[torch.Tensor]) -> None:
-        for b in buckets:
-            self._bcast(b.to(self.device, non_blocking=True))
-
-    def receive(self, sizes: list[int]) -> list[torch.Tensor]:
-        out = []
-        for n in sizes:
-            buf = torch.empty(n, dtype=torch.uint8, device=self.device)
-            self._bcast(buf)
-            out.append(buf.cpu())
-        return out
+def resolve(name: str) -> str:
+    """'auto' is NCCL where a GPU is visible and gloo otherwise (what the skeleton always did)."""
+    if name == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return name
 
 
-_groups: dict[tuple, CollectiveTransport] = {}
+def device_of(name: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if name in ("nccl", "cuda_ipc") else torch.device("cpu")
+
+
+def make_transport(group, source) -> WeightTransport:
+    if group.backend in ("gloo", "nccl"):
+        from .collective import CollectiveTransport
+
+        return CollectiveTransport(group)
+    if group.backend == "cuda_ipc":
+        from .cuda_ipc import CudaIpcTransport
+
+        return CudaIpcTransport(group, source)
+    if group.backend == "ucxx":
+        from .ucxx_pull import UcxxTransport
+
+        return UcxxTransport(group, source)
+    raise ValueError(f"transport must be one of {TRANSPORTS}, got {group.backend!r}")
+
+
+_groups: dict[tuple, WeightTransport] = {}
 _groups_lock = threading.Lock()
 
 
-def _key(group: weights_pb2.TransferGroup) -> tuple:
+def _key(group) -> tuple:
     return (group.store_host, group.store_port, group.prefix, group.rank, group.world_size, group.backend)
 
 
-def open_group(group: weights_pb2.TransferGroup) -> CollectiveTransport:
-    """The transport of this group, created on first use (a collective rendezvous)."""
+def open_group(group, source=None) -> WeightTransport:
+    """The transport of this group, created on first use (a rendezvous) and reused while it works.
+
+    ucxx connections are per refit: a join and a regular refit may pull at the same time.
+    """
+    if group.backend == "ucxx":
+        return make_transport(group, source)
     with _groups_lock:
         if _key(group) not in _groups:
-            _groups[_key(group)] = CollectiveTransport(group)
+            _groups[_key(group)] = make_transport(group, source)
         return _groups[_key(group)]
 
 
-def drop_group(group: weights_pb2.TransferGroup) -> None:
+def drop_group(group) -> None:
     """Forget a group after a failed transfer; the next refit rendezvouses a fresh one."""
     with _groups_lock:
         _groups.pop(_key(group), None)
 
 
-def receive_version(
-    manifest: weights_pb2.WeightManifest, group: weights_pb2.TransferGroup
-) -> tuple[list[tuple[str, torch.Tensor]], str]:
-    """Receive every bucket, verify each checksum; return the tensors and the recomputed checksum."""
-    try:
-        buckets = open_group(group).receive([b.nbytes for b in manifest.buckets])
-    except Exception:
-        drop_group(group)
-        raise
-    sums = []
-    for spec, buf in zip(manifest.buckets, buckets):
-        got = mf.checksum(buf.numpy())
-        if got != spec.checksum:
-            raise ValueError(
-                f"bucket {spec.index} of version {manifest.policy_version}: checksum {got} != {spec.checksum}"
-            )
-        sums.append(got)
-    named = [nt for i, buf in enumerate(buckets) for nt in mf.unpack_bucket(buf, list(manifest.tensors), i)]
-    return named, mf.combine(sums)
+def receive_buckets(
+    transport: WeightTransport, sizes: list[int], algo: str, tag: str
+) -> tuple[list[torch.Tensor], list[str]]:
+    """Receive every bucket into fresh buffers, checksumming each while the next one arrives."""
+    out = [torch.empty(n, dtype=torch.uint8, device=transport.device) for n in sizes]
+    if transport.device.type == "cuda":
+        side, sums = torch.cuda.Stream(), []
+        for i, buf in enumerate(out):
+            transport.receive(i, buf, tag)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                sums.append(cs.sum64(buf))
+        torch.cuda.current_stream().wait_stream(side)
+        return out, [cs.sum64_hex(v) for v in torch.stack(sums).cpu()] if sums else []
+    with ThreadPoolExecutor(1, thread_name_prefix="weightsync-sum") as pool:
+        futures = []
+        for i, buf in enumerate(out):
+            transport.receive(i, buf, tag)
+            futures.append(pool.submit(cs.bucket_checksum, buf, algo))
+        return out, [f.result() for f in futures]

@@ -21,13 +21,33 @@ class RegisterReply(_message.Message):
     policy_version: int
     def __init__(self, policy_version: _Optional[int] = ...) -> None: ...
 
+class LayoutRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReceiverLayout(_message.Message):
+    __slots__ = ("transport", "cast_dtype", "fuse", "num_buffers", "ucxx_host")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    CAST_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    FUSE_FIELD_NUMBER: _ClassVar[int]
+    NUM_BUFFERS_FIELD_NUMBER: _ClassVar[int]
+    UCXX_HOST_FIELD_NUMBER: _ClassVar[int]
+    transport: str
+    cast_dtype: str
+    fuse: _containers.RepeatedScalarFieldContainer[str]
+    num_buffers: int
+    ucxx_host: str
+    def __init__(self, transport: _Optional[str] = ..., cast_dtype: _Optional[str] = ..., fuse: _Optional[_Iterable[str]] = ..., num_buffers: _Optional[int] = ..., ucxx_host: _Optional[str] = ...) -> None: ...
+
 class PublishRequest(_message.Message):
-    __slots__ = ("manifest", "timeout_s")
+    __slots__ = ("manifest", "timeout_s", "source")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     manifest: _weights_pb2.WeightManifest
     timeout_s: float
-    def __init__(self, manifest: _Optional[_Union[_weights_pb2.WeightManifest, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    source: _weights_pb2.DataSource
+    def __init__(self, manifest: _Optional[_Union[_weights_pb2.WeightManifest, _Mapping]] = ..., timeout_s: _Optional[float] = ..., source: _Optional[_Union[_weights_pb2.DataSource, _Mapping]] = ...) -> None: ...
 
 class PublishReply(_message.Message):
     __slots__ = ("refit_id", "group", "num_endpoints")
@@ -38,6 +58,30 @@ class PublishReply(_message.Message):
     group: _weights_pb2.TransferGroup
     num_endpoints: int
     def __init__(self, refit_id: _Optional[str] = ..., group: _Optional[_Union[_weights_pb2.TransferGroup, _Mapping]] = ..., num_endpoints: _Optional[int] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("refit_id", "bucket_checksums", "checksum", "error")
+    REFIT_ID_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    refit_id: str
+    bucket_checksums: _containers.RepeatedScalarFieldContainer[str]
+    checksum: str
+    error: str
+    def __init__(self, refit_id: _Optional[str] = ..., bucket_checksums: _Optional[_Iterable[str]] = ..., checksum: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class CommitReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AwaitCommitRequest(_message.Message):
+    __slots__ = ("refit_id", "timeout_s")
+    REFIT_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    refit_id: str
+    timeout_s: float
+    def __init__(self, refit_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class AwaitRequest(_message.Message):
     __slots__ = ("refit_id", "timeout_s")
@@ -83,14 +127,16 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EndpointStatus(_message.Message):
-    __slots__ = ("endpoint_id", "grpc_address", "applied_version")
+    __slots__ = ("endpoint_id", "grpc_address", "applied_version", "last_error")
     ENDPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     endpoint_id: str
     grpc_address: str
     applied_version: int
-    def __init__(self, endpoint_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., applied_version: _Optional[int] = ...) -> None: ...
+    last_error: str
+    def __init__(self, endpoint_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., applied_version: _Optional[int] = ..., last_error: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("policy_version", "endpoints")

@@ -39,6 +39,11 @@ class WeightSyncStub:
                 request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.Endpoint.SerializeToString,
                 response_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.RegisterReply.FromString,
                 _registered_method=True)
+        self.Layout = channel.unary_unary(
+                '/grpo.v1.WeightSync/Layout',
+                request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.LayoutRequest.SerializeToString,
+                response_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.ReceiverLayout.FromString,
+                _registered_method=True)
         self.PublishVersion = channel.unary_unary(
                 '/grpo.v1.WeightSync/PublishVersion',
                 request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.PublishRequest.SerializeToString,
@@ -48,6 +53,16 @@ class WeightSyncStub:
                 '/grpo.v1.WeightSync/AwaitVersion',
                 request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitRequest.SerializeToString,
                 response_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitReply.FromString,
+                _registered_method=True)
+        self.CommitVersion = channel.unary_unary(
+                '/grpo.v1.WeightSync/CommitVersion',
+                request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.SerializeToString,
+                response_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitReply.FromString,
+                _registered_method=True)
+        self.AwaitCommit = channel.unary_unary(
+                '/grpo.v1.WeightSync/AwaitCommit',
+                request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitCommitRequest.SerializeToString,
+                response_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/grpo.v1.WeightSync/Status',
@@ -60,6 +75,13 @@ class WeightSyncServicer:
     """Missing associated documentation comment in .proto file."""
 
     def RegisterEndpoint(self, request, context):
+        """Register a rollout endpoint; with a ucxx source it pulls the current version right away.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Layout(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -79,6 +101,19 @@ class WeightSyncServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitVersion(self, request, context):
+        """Sender -> service: bucket checksums once every bucket is sent. Receivers -> service: wait for them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AwaitCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -93,6 +128,11 @@ def add_WeightSyncServicer_to_server(servicer, server):
                     request_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.Endpoint.FromString,
                     response_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.RegisterReply.SerializeToString,
             ),
+            'Layout': grpc.unary_unary_rpc_method_handler(
+                    servicer.Layout,
+                    request_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.LayoutRequest.FromString,
+                    response_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.ReceiverLayout.SerializeToString,
+            ),
             'PublishVersion': grpc.unary_unary_rpc_method_handler(
                     servicer.PublishVersion,
                     request_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.PublishRequest.FromString,
@@ -102,6 +142,16 @@ def add_WeightSyncServicer_to_server(servicer, server):
                     servicer.AwaitVersion,
                     request_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitRequest.FromString,
                     response_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitReply.SerializeToString,
+            ),
+            'CommitVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitVersion,
+                    request_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.FromString,
+                    response_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitReply.SerializeToString,
+            ),
+            'AwaitCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.AwaitCommit,
+                    request_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitCommitRequest.FromString,
+                    response_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -136,6 +186,33 @@ class WeightSync:
             '/grpo.v1.WeightSync/RegisterEndpoint',
             protos_dot_grpo_dot_v1_dot_weightsync__pb2.Endpoint.SerializeToString,
             protos_dot_grpo_dot_v1_dot_weightsync__pb2.RegisterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Layout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.v1.WeightSync/Layout',
+            protos_dot_grpo_dot_v1_dot_weightsync__pb2.LayoutRequest.SerializeToString,
+            protos_dot_grpo_dot_v1_dot_weightsync__pb2.ReceiverLayout.FromString,
             options,
             channel_credentials,
             insecure,
@@ -190,6 +267,60 @@ class WeightSync:
             '/grpo.v1.WeightSync/AwaitVersion',
             protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitRequest.SerializeToString,
             protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.v1.WeightSync/CommitVersion',
+            protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.SerializeToString,
+            protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AwaitCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.v1.WeightSync/AwaitCommit',
+            protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitCommitRequest.SerializeToString,
+            protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.FromString,
             options,
             channel_credentials,
             insecure,

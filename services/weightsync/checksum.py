@@ -1,0 +1,57 @@
+"""Bucket checksums: blake2b over host bytes, or a position-weighted 64-bit sum computed where the bytes are.
+
+Moving a GPU bucket to the host only to hash it would cost more than the transfer, so device buckets
+use `sum64`: exact integer arithmetic (wrapping mod 2**64), identical on CPU and GPU, two reads of the
+bucket. It catches any changed word and any swap of two different words, which is what a transport
+can do wrong; it is not a cryptographic hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+ALGOS = ("blake2b", "sum64")
+_LINE_WORDS = 8  # 64-byte lines: buckets are multiples of plan.ALIGN_BYTES
+
+
+def blake2b_hex(data: bytes | memoryview) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def tensor_checksum(t: torch.Tensor) -> str:
+    """blake2b-128 of a tensor's raw bytes (its dtype as stored), the same on every side."""
+    return blake2b_hex(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+
+
+def combine(bucket_checksums: list[str]) -> str:
+    return blake2b_hex("".join(bucket_checksums).encode())
+
+
+def sum64(buf: torch.Tensor) -> torch.Tensor:
+    """int64[3] on buf's device: plain sum, line-index-weighted sum, column-weighted sum of the words."""
+    assert buf.dtype == torch.uint8 and buf.numel() % (8 * _LINE_WORDS) == 0, buf.shape
+    words = buf.view(torch.int64).view(-1, _LINE_WORDS)
+    lines = words.sum(1)
+    cols = words.sum(0)
+    line_w = torch.arange(1, lines.numel() + 1, device=buf.device, dtype=torch.int64)
+    col_w = torch.arange(1, _LINE_WORDS + 1, device=buf.device, dtype=torch.int64)
+    return torch.stack([lines.sum(), (lines * line_w).sum(), (cols * col_w).sum()])
+
+
+def sum64_hex(values: torch.Tensor) -> str:
+    return "".join(f"{v & (2**64 - 1):016x}" for v in values.tolist())
+
+
+def bucket_checksum(buf: torch.Tensor, algo: str) -> str:
+    """Checksum of one bucket, synchronously (host code paths and tests)."""
+    if algo == "blake2b":
+        return blake2b_hex(buf.cpu().numpy())
+    if algo == "sum64":
+        return sum64_hex(sum64(buf))
+    raise ValueError(f"checksum algo must be one of {ALGOS}, got {algo!r}")
+
+
+def algo_for(device: torch.device) -> str:
+    return "blake2b" if device.type == "cpu" else "sum64"
