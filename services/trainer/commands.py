@@ -24,6 +24,7 @@ class Op(enum.IntEnum):
     LOGPROBS = 3
     SAVE = 4
     PUBLISH = 5
+    LOAD = 6
 
 
 def to_seqs(sequences: Iterable[trainer_pb2.Sequence]) -> list[Seq]:
@@ -40,6 +41,7 @@ class Executor:
             Op.LOGPROBS: (trainer_pb2.LogprobsRequest, self.logprobs),
             Op.SAVE: (trainer_pb2.SaveRequest, self.save),
             Op.PUBLISH: (trainer_pb2.PublishWeightsRequest, self.publish),
+            Op.LOAD: (trainer_pb2.LoadRequest, self.load),
         }
 
     def run(self, op: Op, payload: bytes) -> Message | None:
@@ -61,8 +63,11 @@ class Executor:
         )
 
     def save(self, request: trainer_pb2.SaveRequest) -> trainer_pb2.SaveReply:
-        checksums = self.engine.save(Path(request.path))
+        checksums = self.engine.save(Path(request.path), train_state=not request.weights_only)
         return trainer_pb2.SaveReply(path=request.path, policy_version=self.engine.policy_version, checksums=checksums)
+
+    def load(self, request: trainer_pb2.LoadRequest) -> trainer_pb2.LoadReply:
+        return trainer_pb2.LoadReply(policy_version=self.engine.load(Path(request.path)))
 
     def publish(self, request: trainer_pb2.PublishWeightsRequest) -> trainer_pb2.PublishWeightsReply | None:
         sd = self.engine.full_state_dict()

@@ -4,22 +4,34 @@ from __future__ import annotations
 
 import resource
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from services.common.config import RunConfig, TrainerSection
+from services.common.config import TrainerSection
 from services.weightsync.manifest import tensor_checksum
 
-from .checkpoint import write_hf
-from .losses import grpo_token_loss, k3_kl, mult_prob_error, token_logprobs
+from . import checkpoint
+from .attention import SDPA_VARLEN
+from .losses import mult_prob_error, token_logprobs, token_logprobs_and_entropy
+from .objective import TokenInputs, loss_weights, token_objective
 from .packing import Packed, Seq, plan, response_offsets
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTokens:
+    """Per-token inputs of one Train call in the flat response-token layout (N tokens, on the device)."""
+
+    advantages_N: Tensor
+    rollout_logp_N: Tensor
+    weights_N: Tensor
+    """Each token's weight in the batch loss (the normaliser of cfg.loss folded in)."""
+    ref_logp_N: Tensor | None
 
 
 class Engine:
@@ -42,34 +54,27 @@ class Engine:
 
     def logprobs(self, seqs: list[Seq]) -> list[Tensor]:
         """Current-policy logprob of every response token, one CPU tensor per sequence, on every rank."""
-        flat_N = self._flat_logprobs(self.model, seqs, self._plan(seqs))
+        flat_N = self._flat_logprobs(self.model, seqs, self._plan(seqs)).cpu()
         offsets = response_offsets(seqs)
         return [flat_N[offsets[i] : offsets[i + 1]] for i in range(len(seqs))]
 
     def train(self, seqs: list[Seq], advantages: list[float], rollout_logprobs: list[list[float]]) -> dict[str, float]:
-        """One GRPO optimizer step over the whole batch; bumps policy_version. Returns the step's metrics."""
+        """One optimizer step over the whole batch; bumps policy_version. Returns the step's metrics."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         plans = self._plan(seqs)
         start = time.perf_counter()
-        old_N = self._flat_logprobs(self.model, seqs, plans)
         ref_N = None if self.ref_model is None else self._flat_logprobs(self.ref_model, seqs, plans)
         logprobs_s = time.perf_counter() - start
 
-        rollout_N = torch.tensor([lp for seq_lps in rollout_logprobs for lp in seq_lps], dtype=torch.float32)
-        response_lens = torch.tensor([len(s.response_ids) for s in seqs])
-        adv_N = torch.repeat_interleave(torch.tensor(advantages, dtype=torch.float32), response_lens)
-        mismatch = mult_prob_error(old_N, rollout_N, torch.ones_like(old_N)).item()
-
         start = time.perf_counter()
-        loss, kl, grad_norm = self._step(plans, old_N, ref_N, adv_N)
+        metrics = self._step(plans, self._batch_tokens(seqs, advantages, rollout_logprobs, ref_N))
         training_s = time.perf_counter() - start
         logprobs_s, training_s, peak_mem_GiB = self._max_over_ranks([logprobs_s, training_s, self._peak_mem_GiB()])
         self.policy_version += 1
         return {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "kl": kl,
+            **metrics,
             "num_tokens": float(sum(s.num_tokens for s in seqs)),
-            "mismatch/mult_prob_error": mismatch,
             "timing/logprobs_s": logprobs_s,
             "timing/policy_training_s": training_s,
             "peak_mem_GiB": peak_mem_GiB,
@@ -83,13 +88,27 @@ class Engine:
         assert self.rank != 0 or "lm_head.weight" in sd, "full state dict lacks lm_head.weight"
         return sd
 
-    def save(self, path: Path) -> dict[str, str]:
-        """Write an HF checkpoint (rank 0); returns per-tensor checksums there, {} elsewhere."""
+    def save(self, path: Path, train_state: bool = True) -> dict[str, str]:
+        """Write the HF export (and the sharded training state) to path; per-tensor checksums on rank 0."""
         sd = self.full_state_dict()
+        staging = checkpoint.staging_dir(path)
+        if self.rank == 0:
+            checkpoint.reset_dir(staging)
+        dist.barrier()
+        if train_state:
+            folder = staging / checkpoint.TRAIN_STATE
+            checkpoint.save_train_state(folder, self.model, self.optimizer, self.policy_version, self.rank)
         if self.rank != 0:
             return {}
-        write_hf(sd, self.model_dir, path)
+        checkpoint.write_hf(sd, self.model_dir, staging)
+        checkpoint.publish_dir(staging, path)
         return {name: tensor_checksum(t) for name, t in sd.items()}
+
+    def load(self, path: Path) -> int:
+        """Restore policy, optimizer, policy_version and RNG from a checkpoint written by save()."""
+        folder = path / checkpoint.TRAIN_STATE
+        self.policy_version = checkpoint.load_train_state(folder, self.model, self.optimizer, self.rank)
+        return self.policy_version
 
     def _plan(self, seqs: list[Seq]) -> list[list[Packed | None]]:
         # FSDP2 gathers each layer's weights with a collective in every forward and backward, so all
@@ -98,6 +117,15 @@ class Engine:
         num_steps = max(len(p) for p in plans)
         return [p + [None] * (num_steps - len(p)) for p in plans]
 
+    def _batch_tokens(
+        self, seqs: list[Seq], advantages: list[float], rollout_logprobs: list[list[float]], ref_N: Tensor | None
+    ) -> BatchTokens:
+        response_lens_B = torch.tensor([len(s.response_ids) for s in seqs])
+        adv_N = torch.repeat_interleave(torch.tensor(advantages, dtype=torch.float32), response_lens_B)
+        rollout_N = torch.tensor([lp for seq_lps in rollout_logprobs for lp in seq_lps], dtype=torch.float32)
+        weights_N = loss_weights(self.cfg, response_lens_B)
+        return BatchTokens(adv_N.to(self.device), rollout_N.to(self.device), weights_N.to(self.device), ref_N)
+
     @torch.no_grad()
     def _flat_logprobs(self, model: nn.Module, seqs: list[Seq], plans: list[list[Packed | None]]) -> Tensor:
         out_N = torch.zeros(response_offsets(seqs)[-1], device=self.device)
@@ -105,59 +133,93 @@ class Engine:
             if mb is None:
                 self._dummy_logits(model)
                 continue
-            out_N[mb.token_index_R.to(self.device)] = self._forward_logprobs(model, mb)
+            out_N[mb.token_index_R.to(self.device)] = self._forward(model, mb, with_entropy=False)[0]
         # Each token is written by exactly one rank and is 0 elsewhere, so a sum gathers them exactly.
         dist.all_reduce(out_N)
-        return out_N.cpu()
+        return out_N
 
-    def _forward_logprobs(self, model: nn.Module, mb: Packed) -> Tensor:
+    def _forward(self, model: nn.Module, mb: Packed, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """Logprobs (and entropies) of the row's response tokens."""
         # attention_mask=None + restarting position_ids make attention block-diagonal per sequence;
         # use_cache=False is required, a cache silently disables that detection in transformers.
+        packed = {"packed_seq_lens": mb.seq_lens} if self.cfg.attn_implementation == SDPA_VARLEN else {}
         logits_1RV = model(
             input_ids=mb.input_ids_1T.to(self.device),
             position_ids=mb.position_ids_1T.to(self.device),
             use_cache=False,
             logits_to_keep=mb.logit_index_R.to(self.device),
+            **packed,
         ).logits
-        return token_logprobs(logits_1RV[0], mb.targets_R.to(self.device))
+        targets_R = mb.targets_R.to(self.device)
+        if with_entropy:
+            return token_logprobs_and_entropy(logits_1RV[0], targets_R)
+        return token_logprobs(logits_1RV[0], targets_R), None
 
     def _dummy_logits(self, model: nn.Module) -> Tensor:
         one_11 = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         return model(input_ids=one_11, position_ids=one_11, use_cache=False, logits_to_keep=1).logits
 
-    def _step(
-        self, plans: list[list[Packed | None]], old_N: Tensor, ref_N: Tensor | None, adv_N: Tensor
-    ) -> tuple[float, float, float]:
-        """Forward/backward every micro-batch, clip, step; returns global per-token loss and kl, grad norm."""
-        # FSDP2 averages gradients over ranks, so scaling each rank's token sum by world / N gives the
-        # exact gradient of the global per-token mean even when ranks hold different token counts.
-        scale = self.world / old_N.numel()
-        sums_2 = torch.zeros(2, device=self.device)
+    def _step(self, plans: list[list[Packed | None]], batch: BatchTokens) -> dict[str, float]:
+        """Forward/backward every micro-batch, clip, step; returns the batch's loss terms and grad norm."""
+        old_N = torch.zeros_like(batch.rollout_logp_N)
+        sums_4 = torch.zeros(4, device=self.device)
         for mb in plans[self.rank]:
             if mb is None:
                 (self._dummy_logits(self.model).sum() * 0.0).backward()
                 continue
-            loss_R, kl_R = self._token_losses(mb, old_N, ref_N, adv_N)
-            (loss_R.sum() * scale).backward()
-            sums_2 += torch.stack([loss_R.detach().sum(), kl_R.detach().sum()])
+            loss, stats_4, logp_R = self._microbatch_loss(mb, batch)
+            loss.backward()
+            sums_4 += stats_4
+            old_N[mb.token_index_R.to(self.device)] = logp_R
+        grad_norm = self._clip_and_step()
+        dist.all_reduce(sums_4)
+        dist.all_reduce(old_N)  # each token was written by exactly one rank
+        mismatch = mult_prob_error(old_N, batch.rollout_logp_N, torch.ones_like(old_N)).item()
+        metrics = self._loss_metrics(sums_4, old_N.numel())
+        return {**metrics, "grad_norm": grad_norm, "mismatch/mult_prob_error": mismatch}
+
+    def _clip_and_step(self) -> float:
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(sums_2)
-        loss, kl = (sums_2 / old_N.numel()).tolist()
-        return loss, kl, grad_norm.item()
+        return grad_norm.item()
 
-    def _token_losses(self, mb: Packed, old_N: Tensor, ref_N: Tensor | None, adv_N: Tensor) -> tuple[Tensor, Tensor]:
-        idx_R = mb.token_index_R
-        logp_R = self._forward_logprobs(self.model, mb)
-        old_R, adv_R = old_N[idx_R].to(self.device), adv_N[idx_R].to(self.device)
-        pg_R = grpo_token_loss(logp_R, old_R, adv_R, torch.ones_like(logp_R), self.cfg.clip_eps)
-        if ref_N is None:
-            return pg_R, torch.zeros_like(pg_R)
-        kl_R = k3_kl(logp_R, ref_N[idx_R].to(self.device))
-        return pg_R + self.cfg.kl_beta * kl_R, kl_R
+    def _loss_metrics(self, sums_4: Tensor, num_tokens: int) -> dict[str, float]:
+        loss, kl, entropy, is_weight = sums_4.tolist()
+        metrics = {"loss": loss, "kl": kl / num_tokens}
+        if self.cfg.entropy_coef > 0:  # only computed then: it costs another pass over the vocabulary
+            metrics["entropy"] = entropy / num_tokens
+        if self.cfg.importance_sampling != "off":
+            metrics["mismatch/is_weight_mean"] = is_weight / num_tokens
+        return metrics
+
+    def _microbatch_loss(self, mb: Packed, batch: BatchTokens) -> tuple[Tensor, Tensor, Tensor]:
+        """Scaled loss to backward, detached sums of [weighted loss, kl, entropy, is_weight], detached logprobs."""
+        idx_R = mb.token_index_R.to(self.device)
+        logp_R, entropy_R = self._forward(self.model, mb, with_entropy=self.cfg.entropy_coef > 0)
+        inputs = TokenInputs(
+            logp_R=logp_R,
+            # One optimizer step per batch: the policy that sampled the clip range's "old" side is the
+            # current one, so its logprobs are this forward's, detached (no separate pass needed).
+            old_logp_R=logp_R.detach(),
+            advantages_R=batch.advantages_N[idx_R],
+            rollout_logp_R=batch.rollout_logp_N[idx_R],
+            ref_logp_R=None if batch.ref_logp_N is None else batch.ref_logp_N[idx_R],
+            entropy_R=entropy_R,
+            segment_R=mb.segment_R.to(self.device),
+            num_segments=len(mb.seq_indices),
+        )
+        terms = token_objective(self.cfg, inputs)
+        weighted_R = terms.loss_R * batch.weights_N[idx_R]
+        # FSDP2 averages gradients over ranks; the weights already hold the batch-wide normaliser, so
+        # scaling by world size gives the exact gradient however tokens are spread over the ranks.
+        entropy_sum = torch.zeros((), device=self.device) if entropy_R is None else entropy_R.detach().sum()
+        stats = torch.stack(
+            [weighted_R.detach().sum(), terms.kl_R.detach().sum(), entropy_sum, terms.is_weight_R.sum()]
+        )
+        return weighted_R.sum() * self.world, stats, logp_R.detach()
 
     def _max_over_ranks(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -167,27 +229,4 @@ class Engine:
     def _peak_mem_GiB(self) -> float:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**30
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
-
-
-def build_engine(cfg: RunConfig, device: torch.device) -> Engine:
-    """Load the policy (and the reference when kl_beta > 0) sharded over all ranks, plus AdamW."""
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    torch.manual_seed(cfg.run.seed)
-    model = _load_sharded(cfg.model.path, mesh)
-    ref_model = None
-    if cfg.trainer.kl_beta > 0:
-        ref_model = _load_sharded(cfg.model.path, mesh).requires_grad_(False).eval()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
-    return Engine(model, ref_model, optimizer, cfg.trainer, Path(cfg.model.path), device)
-
-
-def _load_sharded(path: str, mesh: DeviceMesh) -> nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    # One FSDP unit per decoder layer, so only one layer's full weights exist at a time.
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB (process max)

@@ -39,6 +39,10 @@ class Packed:
     """The response token ids, in the flat layout's order."""
     token_index_R: Tensor
     """Positions of these response tokens in the batch's flat response-token layout."""
+    segment_R: Tensor
+    """Row-local sequence index (0 .. len(seq_indices) - 1) of each response token."""
+    seq_lens: tuple[int, ...]
+    """Tokens (prompt + response) of each sequence in the row, in row order; they sum to T."""
 
 
 def response_offsets(seqs: list[Seq]) -> list[int]:
@@ -82,15 +86,16 @@ def split_microbatches(indices: list[int], lengths: list[int], max_tokens: int) 
 def pack(seqs: list[Seq], seq_indices: list[int], offsets: list[int]) -> Packed:
     """Concatenate the chosen sequences into one row; response token j of a sequence with prompt
     length P is predicted by the logits at row position start + P + j - 1."""
-    ids, pos, logit_index, token_index = [], [], [], []
+    ids, pos, logit_index, token_index, segment = [], [], [], [], []
     start = 0
-    for i in seq_indices:
+    for local, i in enumerate(seq_indices):
         s = seqs[i]
         ids.extend(s.prompt_ids + s.response_ids)
         pos.extend(range(s.num_tokens))
         first = start + len(s.prompt_ids) - 1
         logit_index.extend(range(first, first + len(s.response_ids)))
         token_index.extend(range(offsets[i], offsets[i + 1]))
+        segment.extend([local] * len(s.response_ids))
         start += s.num_tokens
     targets = [t for i in seq_indices for t in seqs[i].response_ids]
     return Packed(
@@ -100,6 +105,8 @@ def pack(seqs: list[Seq], seq_indices: list[int], offsets: list[int]) -> Packed:
         logit_index_R=torch.tensor(logit_index, dtype=torch.long),
         targets_R=torch.tensor(targets, dtype=torch.long),
         token_index_R=torch.tensor(token_index, dtype=torch.long),
+        segment_R=torch.tensor(segment, dtype=torch.long),
+        seq_lens=tuple(seqs[i].num_tokens for i in seq_indices),
     )
 
 

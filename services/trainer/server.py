@@ -14,9 +14,10 @@ from services.common.config import RunConfig
 from services.common.grpcio import make_server
 from services.common.lifecycle import stop_event
 
+from .build import build_engine
 from .commands import Executor
 from .driver import CommandChannel, Driver, follow
-from .engine import Engine, build_engine
+from .engine import Engine
 from .servicer import TrainerServicer
 
 log = logging.getLogger(__name__)

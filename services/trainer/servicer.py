@@ -12,6 +12,7 @@ from protos.grpo.v1 import trainer_pb2, trainer_pb2_grpc
 from services.common.grpcio import PreconditionError, servicer_edge
 from services.weightsync.client import RefitError
 
+from .checkpoint import TRAIN_STATE
 from .commands import Op
 from .driver import Driver
 
@@ -39,6 +40,17 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise ValueError(f"{path} exists and is not an empty folder; checkpoints are never overwritten")
         return self.driver.call(Op.SAVE, request)
+
+    @servicer_edge
+    def Load(self, request, context):
+        if not request.path:
+            raise ValueError("path is required")
+        metadata = Path(request.path) / TRAIN_STATE / ".metadata"
+        if not metadata.is_file():
+            raise ValueError(
+                f"{request.path} holds no training state ({metadata} is missing); save without weights_only"
+            )
+        return self.driver.call(Op.LOAD, request)
 
     @servicer_edge
     def PublishWeights(self, request, context):

@@ -64,10 +64,12 @@ class LogprobsReply(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class SaveRequest(_message.Message):
-    __slots__ = ("path",)
+    __slots__ = ("path", "weights_only")
     PATH_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_ONLY_FIELD_NUMBER: _ClassVar[int]
     path: str
-    def __init__(self, path: _Optional[str] = ...) -> None: ...
+    weights_only: bool
+    def __init__(self, path: _Optional[str] = ..., weights_only: _Optional[bool] = ...) -> None: ...
 
 class SaveReply(_message.Message):
     __slots__ = ("path", "policy_version", "checksums")
@@ -85,6 +87,18 @@ class SaveReply(_message.Message):
     policy_version: int
     checksums: _containers.ScalarMap[str, str]
     def __init__(self, path: _Optional[str] = ..., policy_version: _Optional[int] = ..., checksums: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ("path",)
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    def __init__(self, path: _Optional[str] = ...) -> None: ...
+
+class LoadReply(_message.Message):
+    __slots__ = ("policy_version",)
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    policy_version: int
+    def __init__(self, policy_version: _Optional[int] = ...) -> None: ...
 
 class PublishWeightsRequest(_message.Message):
     __slots__ = ("timeout_s",)

@@ -49,6 +49,11 @@ class TrainerStub:
                 request_serializer=protos_dot_grpo_dot_v1_dot_trainer__pb2.SaveRequest.SerializeToString,
                 response_deserializer=protos_dot_grpo_dot_v1_dot_trainer__pb2.SaveReply.FromString,
                 _registered_method=True)
+        self.Load = channel.unary_unary(
+                '/grpo.v1.Trainer/Load',
+                request_serializer=protos_dot_grpo_dot_v1_dot_trainer__pb2.LoadRequest.SerializeToString,
+                response_deserializer=protos_dot_grpo_dot_v1_dot_trainer__pb2.LoadReply.FromString,
+                _registered_method=True)
         self.PublishWeights = channel.unary_unary(
                 '/grpo.v1.Trainer/PublishWeights',
                 request_serializer=protos_dot_grpo_dot_v1_dot_trainer__pb2.PublishWeightsRequest.SerializeToString,
@@ -77,6 +82,13 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Load(self, request, context):
+        """Restore a checkpoint written by Save; the next Train continues exactly where that run left off.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PublishWeights(self, request, context):
         """Send the current weights to every registered rollout endpoint through weightsync.
         """
@@ -101,6 +113,11 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.Save,
                     request_deserializer=protos_dot_grpo_dot_v1_dot_trainer__pb2.SaveRequest.FromString,
                     response_serializer=protos_dot_grpo_dot_v1_dot_trainer__pb2.SaveReply.SerializeToString,
+            ),
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=protos_dot_grpo_dot_v1_dot_trainer__pb2.LoadRequest.FromString,
+                    response_serializer=protos_dot_grpo_dot_v1_dot_trainer__pb2.LoadReply.SerializeToString,
             ),
             'PublishWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.PublishWeights,
@@ -189,6 +206,33 @@ class Trainer:
             '/grpo.v1.Trainer/Save',
             protos_dot_grpo_dot_v1_dot_trainer__pb2.SaveRequest.SerializeToString,
             protos_dot_grpo_dot_v1_dot_trainer__pb2.SaveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.v1.Trainer/Load',
+            protos_dot_grpo_dot_v1_dot_trainer__pb2.LoadRequest.SerializeToString,
+            protos_dot_grpo_dot_v1_dot_trainer__pb2.LoadReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,108 @@
+"""Build every rank's engine: load policy and reference, checkpoint activations, shard with FSDP2, AdamW."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from services.common.config import RunConfig, TrainerSection
+
+from .attention import SDPA_VARLEN, register_attention
+from .engine import Engine
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Selective checkpointing keeps the outputs of these (the FLOPs) and recomputes everything else (norms,
+# activations, rotary, residual adds: cheap to redo, but their fp32 intermediates are much of the memory).
+_SAVED_OPS = (
+    "mm",
+    "addmm",
+    "bmm",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_flash_attention_for_cpu",
+)
+
+
+def build_engine(cfg: RunConfig, device: torch.device) -> Engine:
+    """Load the policy (and the reference when kl_beta > 0) from model.path, sharded over all ranks."""
+    torch.manual_seed(cfg.run.seed)
+    trainer = cfg.trainer
+    if trainer.loss == "dr_grpo" and not trainer.dr_grpo_norm_tokens:
+        trainer = trainer.model_copy(update={"dr_grpo_norm_tokens": cfg.coordinator.max_tokens})
+    policy = load_model(cfg.model.path, torch.float32, trainer.attn_implementation)
+    ref = None
+    if trainer.kl_beta > 0:
+        ref = load_model(cfg.model.path, _DTYPES[trainer.dtype], trainer.attn_implementation)
+    return assemble_engine(policy, ref, trainer, Path(cfg.model.path), device)
+
+
+def load_model(path: str, dtype: torch.dtype, attn_implementation: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    if attn_implementation == SDPA_VARLEN:
+        register_attention()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+
+
+def assemble_engine(
+    model: nn.Module, ref_model: nn.Module | None, cfg: TrainerSection, model_dir: Path, device: torch.device
+) -> Engine:
+    """Shard already-built fp32 models (the master weights) on a mesh of every rank, then add AdamW."""
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    apply_activation_checkpointing(model, cfg.activation_checkpointing)
+    compute_dtype = _DTYPES[cfg.dtype]
+    shard(model, mesh, compute_dtype, cfg.cpu_offload, device)
+    if ref_model is not None:
+        ref_model.requires_grad_(False).eval()
+        shard(ref_model, mesh, compute_dtype, cfg.ref_cpu_offload, device)
+    # Fused AdamW is one kernel per step on GPU; on CPU (and for offloaded params) keep torch's default.
+    fused = {"fused": True} if device.type == "cuda" and not cfg.cpu_offload else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
+    return Engine(model, ref_model, optimizer, cfg, model_dir, device)
+
+
+def shard(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype, offload: bool, device: torch.device) -> None:
+    """One FSDP unit per decoder layer, so only one layer's full weights exist at a time."""
+    # Parameters stay in their loaded dtype (fp32 master weights); forward/backward run in compute_dtype
+    # and gradients are reduced in fp32, so bf16 rounding never accumulates across ranks.
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    # fully_shard moves the shards to the mesh's device, or keeps them in (pinned) CPU memory when offloading.
+    offload_policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload_policy)
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+    """Wrap each decoder layer (before sharding, so FSDP's gathers stay outside the recomputed region)."""
+    if mode == "off":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if mode == "layer":
+        options = {}
+    elif mode == "selective":
+        options = {"context_fn": _selective_contexts}
+    else:
+        raise ValueError(f"trainer.activation_checkpointing must be off, layer or selective, got {mode!r}")
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False, **options)
+
+
+def _selective_contexts():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    aten = torch.ops.aten
+    saved = {getattr(aten, name).default for name in _SAVED_OPS if hasattr(aten, name)}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
