@@ -38,7 +38,7 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
         self._latest: str = ""  # refit id of the newest committed version that a joiner can pull (ucxx)
         self._version = 0
         self._epoch = 0
-        self._group_members: tuple[str, ...] = ()
+        self._group_members: tuple = ()  # (sender_id, endpoint ids) of the current group
         self._pool = futures.ThreadPoolExecutor(max_workers=32)
 
     @servicer_edge
@@ -77,9 +77,10 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
             members = tuple(sorted(self._endpoints))
             if not members:
                 raise PreconditionError("no rollout endpoint registered")
-            # A new membership (or a failed transfer) needs a new rendezvous.
-            if members != self._group_members:
-                self._epoch, self._group_members = self._epoch + 1, members
+            # A new membership, a new sender (a restarted trainer) or a failed transfer needs a new
+            # rendezvous: receivers would otherwise wait in the old group for a sender that left it.
+            if (request.source.sender_id, members) != self._group_members:
+                self._epoch, self._group_members = self._epoch + 1, (request.source.sender_id, members)
             group = weights_pb2.TransferGroup(
                 store_host=self.cfg.host,
                 store_port=self.store_port,

@@ -13,8 +13,10 @@ from services.common.ports import free_port
 from services.weightsync.client import RefitError, publish
 from services.weightsync.manifest import tensor_checksum
 
+UCX_ENV = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
-def _start(services, tiny_model, redis_url, engine: str, num_workers: int = 1):
+
+def _start(services, tiny_model, redis_url, engine: str, num_workers: int = 1, extra=(), env=None):
     ws_port, store_port, ro_port = free_port(), free_port(), free_port()
     cfg, path = services.config(
         [
@@ -25,15 +27,22 @@ def _start(services, tiny_model, redis_url, engine: str, num_workers: int = 1):
             "weightsync.timeout_s=30",
             f"rollout.grpc_port={ro_port}",
             f'rollout.engine="{engine}"',
+            *extra,
         ]
     )
-    services.start("weightsync", ["-m", "services.weightsync.main", "--config", str(path)])
+    services.start("weightsync", ["-m", "services.weightsync.main", "--config", str(path)], env)
     wait_healthy(f"127.0.0.1:{ws_port}", 60)
     for i in range(num_workers):
-        services.start(f"rollout-{i}", ["-m", "services.rollout.main", "--worker-index", str(i), "--config", str(path)])
+        _start_rollout(services, path, i, env)
     for i in range(num_workers):
         _wait_long(f"127.0.0.1:{ro_port + i}", 180)
+    services.config_path = path
     return f"127.0.0.1:{ws_port}", [f"127.0.0.1:{ro_port + i}" for i in range(num_workers)]
+
+
+def _start_rollout(services, path, index: int, env=None):
+    args = ["-m", "services.rollout.main", "--worker-index", str(index), "--config", str(path)]
+    return services.start(f"rollout-{index}", args, env)
 
 
 def _wait_long(address: str, timeout_s: float) -> None:
@@ -114,3 +123,96 @@ def test_receiver_killed_mid_refit_fails_within_deadline_and_next_refit_succeeds
     with channel(rollouts[0]) as ch:
         info = rollout_pb2_grpc.RolloutStub(ch).Info(rollout_pb2.InfoRequest(), timeout=5)
     assert info.policy_version == 1  # the survivor kept the previous version in service
+
+
+SENDER_KILLED_AFTER_FIRST_BUCKET = """
+import os, signal, sys
+import torch
+from safetensors.torch import load_file
+from services.weightsync import collective
+from services.weightsync.client import publish
+
+sent = 0
+bcast = collective.CollectiveTransport._bcast
+
+def bcast_then_die(self, t):
+    global sent
+    work = bcast(self, t)
+    work.wait()
+    sent += 1
+    if sent == 2:  # the first bucket is through, the second on its way: die like an OOM-killed trainer
+        os.kill(os.getpid(), signal.SIGKILL)
+    return work
+
+collective.CollectiveTransport._bcast = bcast_then_die
+g = torch.Generator().manual_seed(7)
+named = [(n, torch.randn(t.shape, generator=g)) for n, t in sorted(load_file(sys.argv[2]).items())]
+publish(named, 2, sys.argv[1], bucket_bytes=4096, timeout_s=20, sender_id="trainer-under-test")
+"""
+
+
+def _status(ws: str) -> weightsync_pb2.StatusReply:
+    with channel(ws) as ch:
+        return weightsync_pb2_grpc.WeightSyncStub(ch).Status(weightsync_pb2.StatusRequest(), timeout=5)
+
+
+def _info(address: str) -> rollout_pb2.InfoReply:
+    with channel(address) as ch:
+        return rollout_pb2_grpc.RolloutStub(ch).Info(rollout_pb2.InfoRequest(), timeout=5)
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not within {timeout_s}s")
+
+
+def test_sender_killed_mid_refit_fails_within_deadline_naming_it_and_next_refit_succeeds(
+    services, tiny_model, redis_url
+):
+    import time
+
+    ws, rollouts = _start(services, tiny_model, redis_url, "hf", num_workers=2)
+    publish(_new_weights(tiny_model, seed=1), 1, ws, bucket_bytes=64 * 1024, timeout_s=20)
+    sender = services.start(
+        "sender", ["-c", SENDER_KILLED_AFTER_FIRST_BUCKET, ws, str(tiny_model / "model.safetensors")]
+    )
+    start = time.monotonic()
+    assert sender.proc.wait(timeout=60) == -9  # it did die mid-transfer, by its own SIGKILL
+    status = _wait_for(
+        lambda: (s := _status(ws)) and all("trainer-under-test" in e.last_error for e in s.endpoints) and s,
+        25,
+        "every endpoint reporting the dead sender",
+    )
+    assert time.monotonic() - start < 25  # the 20 s deadline, plus process start
+    assert [e.applied_version for e in status.endpoints] == [1, 1]
+    assert [_info(a).policy_version for a in rollouts] == [1, 1]  # the previous version stays in service
+    result = publish(_new_weights(tiny_model, seed=3), 3, ws, bucket_bytes=4096, timeout_s=20)
+    assert result.num_readback_verified == len(_new_weights(tiny_model, seed=3))
+    assert [_info(a).policy_version for a in rollouts] == [3, 3]
+
+
+def test_ucxx_refit_and_a_worker_joining_mid_run_pulls_the_current_version(
+    services, tiny_model, redis_url, monkeypatch
+):
+    for k, v in UCX_ENV.items():
+        monkeypatch.setenv(k, v)
+    ws, rollouts = _start(services, tiny_model, redis_url, "hf", extra=['weightsync.transport="ucxx"'], env=UCX_ENV)
+    named = _new_weights(tiny_model, seed=1)
+    result = publish(named, 1, ws, bucket_bytes=16 * 1024, timeout_s=30)
+    assert result.num_readback_verified == len(named)
+    joiner = rollouts[0].rsplit(":", 1)[0] + ":" + str(int(rollouts[0].rsplit(":", 1)[1]) + 1)
+    _start_rollout(services, services.config_path, 1, UCX_ENV)
+    _wait_long(joiner, 180)
+    # Nobody published: the joiner pulled version 1 from the sender's listener by itself.
+    _wait_for(lambda: _info(joiner).policy_version == 1, 30, "the joiner on version 1")
+    assert _info(rollouts[0]).policy_version == 1
+    result = publish(_new_weights(tiny_model, seed=2), 2, ws, bucket_bytes=16 * 1024, timeout_s=30)
+    assert result.num_endpoints == 2
+    assert [_info(a).policy_version for a in (rollouts[0], joiner)] == [2, 2]

@@ -1,6 +1,10 @@
+import pytest
 import torch
 
+from services.weightsync import checksum as cs
 from services.weightsync import manifest as mf
+from services.weightsync.pack import expected_tensor, new_ring, packed_buckets, unpack
+from services.weightsync.plan import ALIGN_BYTES, ReceiverLayout, layout_of, make_plan
 
 
 def _named():
@@ -13,21 +17,86 @@ def _named():
     ]
 
 
-def test_pack_unpack_round_trip_is_bit_exact_with_dtypes_and_shapes():
+def _send(named, receiver=None, bucket_bytes=512, num_buffers=2):
+    receiver = receiver or ReceiverLayout()
+    plan = make_plan(layout_of(named), receiver, bucket_bytes)
+    sums: list = []
+    ring = new_ring(plan, torch.device("cpu"), num_buffers)
+    buckets = [b.clone() for _, b in packed_buckets(plan, dict(named), ring, sums)]
+    return plan, buckets, sums
+
+
+@pytest.mark.parametrize("num_buffers", [1, 2, 3])
+def test_pack_unpack_round_trip_is_bit_exact_through_the_wire_form(num_buffers):
     named = _named()
-    manifest, buckets = mf.build(named, policy_version=3, bucket_bytes=512)
+    plan, buckets, sums = _send(named, num_buffers=num_buffers)
     tensor_bytes = sum(t.numel() * t.element_size() for _, t in named)
-    assert tensor_bytes <= manifest.payload_bytes < tensor_bytes + mf.ALIGN_BYTES * len(named)
-    assert len(buckets) == len(manifest.buckets) >= 2  # "big" (16 KiB) exceeds a bucket: a bucket of its own
-    out = dict(nt for i, b in enumerate(buckets) for nt in mf.unpack_bucket(b, list(manifest.tensors), i))
+    assert tensor_bytes <= plan.payload_bytes < tensor_bytes + ALIGN_BYTES * (len(named) + plan.num_buckets)
+    assert plan.num_buckets >= 2  # "big" (16 KiB) exceeds a bucket: a bucket of its own
+    assert sums == [cs.bucket_checksum(b, "blake2b") for b in buckets]
+    received = mf.plan_of(mf.with_checksums(mf.to_manifest(plan, 3, "blake2b"), sums))
+    out = dict(unpack(buckets, received))
     for name, t in named:
         assert out[name].dtype == t.dtype and torch.equal(out[name], t)
 
 
-def test_checksum_changes_with_any_byte():
+def test_plan_is_computed_once_per_layout_pair():
     named = _named()
-    m1, _ = mf.build(named, 1, 512)
+    first = make_plan(layout_of(named), ReceiverLayout(), 512)
+    assert make_plan(layout_of(named), ReceiverLayout(), 512) is first
+    assert make_plan(layout_of(named), ReceiverLayout(cast_dtype="bfloat16"), 512) is not first
+
+
+def test_sender_casts_and_fuses_for_the_receiver():
+    g = torch.Generator().manual_seed(1)
+    p = "model.layers.0"
+    named = [
+        (f"{p}.self_attn.q_proj.weight", torch.randn(8, 4, generator=g)),
+        (f"{p}.self_attn.k_proj.weight", torch.randn(4, 4, generator=g)),
+        (f"{p}.self_attn.v_proj.weight", torch.randn(4, 4, generator=g)),
+        (f"{p}.mlp.gate_proj.weight", torch.randn(6, 4, generator=g)),
+        (f"{p}.mlp.up_proj.weight", torch.randn(6, 4, generator=g)),
+        ("steps", torch.arange(3)),
+    ]
+    plan, buckets, _ = _send(named, ReceiverLayout("bfloat16", ("qkv", "gate_up")))
+    out = dict(unpack(buckets, plan))
+    assert set(out) == {f"{p}.self_attn.qkv_proj.weight", f"{p}.mlp.gate_up_proj.weight", "steps"}
+    qkv = out[f"{p}.self_attn.qkv_proj.weight"]
+    assert qkv.dtype == torch.bfloat16 and qkv.shape == (16, 4)
+    assert torch.equal(qkv[8:12], named[1][1].to(torch.bfloat16))
+    assert out["steps"].dtype == torch.int64  # integers are never cast
+    for s in plan.slots:
+        assert torch.equal(out[s.name], expected_tensor(s, dict(named)))
+
+
+def test_bad_layouts_are_value_errors_naming_the_choices():
+    with pytest.raises(ValueError, match="bfloat16"):
+        ReceiverLayout(cast_dtype="fp8")
+    with pytest.raises(ValueError, match="gate_up"):
+        ReceiverLayout(fuse=("qkvo",))
+
+
+def test_checksums_change_with_any_byte_and_any_swap():
+    named = _named()
+    _, buckets, sums = _send(named)
     named[1][1][7] += 1
-    m2, _ = mf.build(named, 1, 512)
-    assert m1.checksum != m2.checksum
-    assert [b.checksum for b in m1.buckets] != [b.checksum for b in m2.buckets]
+    _, _, sums2 = _send(named)
+    assert sums != sums2
+    buf = buckets[0]
+    base = cs.bucket_checksum(buf, "sum64")
+    words = buf.view(torch.int64)
+    for i, j in [(0, 1), (0, 8), (3, 17)]:  # same line, same column, neither
+        swapped = words.clone()
+        swapped[[i, j]] = swapped[[j, i]]
+        assert torch.equal(swapped, words) or cs.bucket_checksum(swapped.view(torch.uint8), "sum64") != base
+    flipped = buf.clone()
+    flipped[5] ^= 1
+    assert cs.bucket_checksum(flipped, "sum64") != base
+
+
+def test_manifest_outside_its_bucket_is_rejected():
+    plan, _, _ = _send(_named())
+    m = mf.to_manifest(plan, 1, "blake2b")
+    m.tensors[0].offset = m.buckets[0].nbytes
+    with pytest.raises(ValueError, match="outside its bucket"):
+        mf.plan_of(m)
