@@ -1,0 +1,162 @@
+"""The engine's options under torchrun (2 gloo ranks): activation checkpointing, offload, sdpa_varlen and
+bf16 against the plain fp32 step, and the GSPO / Dr.GRPO / IS / entropy / k1 objectives against an
+unsharded, unpacked single-process step. Run as a script, this file is the worker of every rank."""
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+LR, KL_BETA = 1e-3, 0.1
+BASE = {"lr": LR, "weight_decay": 0.01, "kl_beta": KL_BETA, "max_tokens_per_microbatch": 16}
+SAME_AS_BASE = {
+    "ac_layer": {"activation_checkpointing": "layer"},
+    "ac_selective": {"activation_checkpointing": "selective"},
+    "offload": {"cpu_offload": True, "ref_cpu_offload": True},
+    "sdpa_varlen": {"attn_implementation": "sdpa_varlen"},
+}
+# Recomputation and offload redo the same ops in the same order: bit-identical. Per-sequence attention
+# sums in another order, and AdamW's normalisation lifts that float noise to ~1e-6 in the parameters.
+TOLERANCE = {"ac_layer": 0.0, "ac_selective": 0.0, "offload": 0.0, "sdpa_varlen": 1e-5}
+AGAINST_REFERENCE = {
+    "base": {},
+    "gspo_sequence_is": {
+        "loss": "gspo",
+        "clip_eps_low": 3e-4,
+        "clip_eps_high": 4e-4,
+        "importance_sampling": "sequence",
+        "is_truncation": 1.5,
+        "kl_estimator": "k1",
+        "entropy_coef": 0.01,
+    },
+    "dr_grpo_token_is": {"loss": "dr_grpo", "dr_grpo_norm_tokens": 12, "importance_sampling": "token"},
+}
+CASES = {**AGAINST_REFERENCE, **SAME_AS_BASE, "bf16": {"dtype": "bfloat16"}}
+
+
+def _batch(vocab: int):
+    from services.trainer.packing import Seq
+
+    # 16 + 8 + 8 + 8 tokens with 16 per micro-batch: rank 0 runs two micro-batches, rank 1 one.
+    rng = random.Random(0)
+    shapes = [(6, 10, 1.0), (3, 5, -0.5), (4, 4, 0.25), (2, 6, -1.0)]
+    seqs = [
+        Seq([rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(r)]) for p, r, _ in shapes
+    ]
+    rollout = [[-rng.uniform(4.0, 4.6) for _ in range(r)] for _, r, _ in shapes]
+    return seqs, [a for _, _, a in shapes], rollout
+
+
+def _reference_step(model_dir: str, cfg, seqs, advantages, rollout) -> tuple[dict, dict]:
+    """The same step in one process: every sequence unpacked, the objective summed with its weights."""
+    from services.trainer.build import load_model
+    from services.trainer.losses import token_logprobs_and_entropy
+    from services.trainer.objective import TokenInputs, loss_weights, token_objective
+
+    model, ref = load_model(model_dir, torch.float32, "sdpa"), load_model(model_dir, torch.float32, "sdpa")
+    lens = torch.tensor([len(s.response_ids) for s in seqs])
+    weights = loss_weights(cfg, lens).split(lens.tolist())
+    total, sums = 0.0, {"kl": 0.0, "entropy": 0.0, "mismatch/is_weight_mean": 0.0}
+    for s, adv, roll, w in zip(seqs, advantages, rollout, weights):
+        ids, p = torch.tensor([s.prompt_ids + s.response_ids]), len(s.prompt_ids)
+        targets = torch.tensor(s.response_ids)
+        logp, entropy = token_logprobs_and_entropy(model(input_ids=ids).logits[0, p - 1 : -1], targets)
+        with torch.no_grad():
+            ref_logp, _ = token_logprobs_and_entropy(ref(input_ids=ids).logits[0, p - 1 : -1], targets)
+        x = TokenInputs(
+            logp_R=logp,
+            old_logp_R=logp.detach(),
+            advantages_R=torch.full_like(logp, adv),
+            rollout_logp_R=torch.tensor(roll),
+            ref_logp_R=ref_logp,
+            entropy_R=entropy if cfg.entropy_coef > 0 else None,
+            segment_R=torch.zeros(len(targets), dtype=torch.long),
+            num_segments=1,
+        )
+        terms = token_objective(cfg, x)
+        total = total + (terms.loss_R * w).sum()
+        for key, values in (("kl", terms.kl_R), ("entropy", entropy), ("mismatch/is_weight_mean", terms.is_weight_R)):
+            sums[key] += values.sum().item() / lens.sum().item()
+    total.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
+    torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay).step()
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    return params, {"loss": total.item(), "grad_norm": grad_norm, **sums}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert set(a) == set(b)
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def _worker(model_dir: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from services.common.config import TrainerSection
+    from services.trainer.build import assemble_engine, load_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    seqs, advantages, rollout = _batch(vocab=78)
+    results, params = {}, {}
+    for name, overrides in CASES.items():
+        cfg = TrainerSection(**BASE, **overrides)
+        policy = load_model(model_dir, torch.float32, cfg.attn_implementation)
+        ref = load_model(model_dir, torch.float32, cfg.attn_implementation)
+        engine = assemble_engine(policy, ref, cfg, Path(model_dir), torch.device("cpu"))
+        metrics = engine.train(seqs, advantages, rollout)
+        params[name] = engine.full_state_dict()
+        if dist.get_rank() == 0:
+            results[name] = {"metrics": metrics, "dtypes": sorted({str(t.dtype) for t in params[name].values()})}
+            if name in AGAINST_REFERENCE:
+                expected_params, expected = _reference_step(model_dir, cfg, seqs, advantages, rollout)
+                results[name].update(expected=expected, param_diff=_max_diff(params[name], expected_params))
+            else:
+                results[name]["diff_to_base"] = _max_diff(params[name], params["base"])
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, tiny_model) -> dict:
+    out = tmp_path_factory.mktemp("engine") / "results.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__]
+    proc = subprocess.run([*cmd, str(tiny_model), str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", list(AGAINST_REFERENCE))
+def test_objectives_match_an_unsharded_unpacked_step(results, name):
+    got = results[name]
+    assert got["param_diff"] < 1e-5, got["param_diff"]
+    for key, value in got["expected"].items():
+        if key in got["metrics"]:
+            assert got["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    overrides = CASES[name]
+    assert ("entropy" in got["metrics"]) == (overrides.get("entropy_coef", 0) > 0)
+    assert ("mismatch/is_weight_mean" in got["metrics"]) == (overrides.get("importance_sampling", "off") != "off")
+
+
+@pytest.mark.parametrize("name", list(SAME_AS_BASE))
+def test_memory_options_do_not_change_the_step(results, name):
+    assert results[name]["diff_to_base"] <= TOLERANCE[name]
+    assert results[name]["metrics"]["loss"] == pytest.approx(results["base"]["metrics"]["loss"], abs=1e-6)
+
+
+def test_bf16_compute_keeps_fp32_master_weights_and_stays_close(results):
+    bf16, base = results["bf16"], results["base"]
+    assert bf16["dtypes"] == ["torch.float32"]
+    assert bf16["diff_to_base"] < 5e-2
+    assert bf16["metrics"]["grad_norm"] == pytest.approx(base["metrics"]["grad_norm"], rel=5e-2)
+    assert all(math.isfinite(v) for v in bf16["metrics"].values())
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2])
