@@ -1,7 +1,7 @@
 """Pack buckets per plan into a ring of reusable buffers, ahead of the sender, and unpack them on arrival.
 
 On GPU the packing runs on a side stream: bucket i+1 is cast/fused/copied while bucket i is on the
-wire, with events instead of host waits. On CPU a packing thread does the same (copies and blake2b
+wire, with events instead of host waits. On CPU a packing thread does the same (copies and CRC-32
 release the GIL). Checksums are computed as buckets are packed, so they cost no extra pass.
 """
 
@@ -79,7 +79,7 @@ def _host_ring(plan, lookup, ring, sums) -> Iterator[tuple[int, torch.Tensor]]:
     def pack(i: int) -> tuple[torch.Tensor, str]:
         buf = ring[i % len(ring)][: plan.bucket_nbytes[i]]
         pack_into(buf, plan, i, lookup)
-        return buf, cs.blake2b_hex(buf.numpy())
+        return buf, cs.bucket_checksum(buf, "crc32")
 
     with ThreadPoolExecutor(1, thread_name_prefix="weightsync-pack") as pool:
         ahead = {i: pool.submit(pack, i) for i in range(len(ring))}

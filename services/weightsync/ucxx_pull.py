@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
 import torch
 
 _TAG_BYTES = 32  # a refit id: 32 hex characters
+_SERVE_WAIT_S = 600.0  # a request for a bucket that never comes ends the connection after this
 _loop: asyncio.AbstractEventLoop | None = None
 _loop_lock = threading.Lock()
 
@@ -46,13 +48,15 @@ class BucketServer:
     def __init__(self, host: str):
         self.host = host
         self._versions: dict[str, dict[int, np.ndarray]] = {}
-        self._ready: dict[str, asyncio.Condition] = {}
+        self._retired: deque[str] = deque(maxlen=64)
+        self._ready: asyncio.Condition | None = None
         self._listener = _run(self._start(), 30)
         self.address = f"{host}:{self._listener.port}"
 
     async def _start(self):
         import ucxx
 
+        self._ready = asyncio.Condition()
         return ucxx.create_listener(self._serve, 0)
 
     def put(self, tag: str, index: int, buf: torch.Tensor) -> None:
@@ -61,13 +65,14 @@ class BucketServer:
         _run(self._put(tag, index, data), 30)
 
     async def _put(self, tag: str, index: int, data: np.ndarray) -> None:
-        if tag not in self._versions:
-            for old in list(self._versions)[:-1]:  # keep the previous refit for late pullers
-                del self._versions[old], self._ready[old]
-            self._versions[tag], self._ready[tag] = {}, asyncio.Condition()
-        async with self._ready[tag]:
+        async with self._ready:
+            if tag not in self._versions:
+                for old in list(self._versions)[:-1]:  # keep the previous refit for late pullers
+                    del self._versions[old]
+                    self._retired.append(old)
+                self._versions[tag] = {}
             self._versions[tag][index] = data
-            self._ready[tag].notify_all()
+            self._ready.notify_all()
 
     async def _serve(self, ep) -> None:
         header = np.empty(_TAG_BYTES + 8, dtype=np.uint8)
@@ -78,21 +83,19 @@ class BucketServer:
                 index = int.from_bytes(header[_TAG_BYTES:].tobytes(), "little", signed=True)
                 if index < 0:
                     break
-                data = await self._wait_for(tag, index)
+                data = await asyncio.wait_for(self._wait_for(tag, index), _SERVE_WAIT_S)
                 await ep.send(np.array([-1 if data is None else data.nbytes], dtype=np.int64))
                 if data is not None:
                     await ep.send(data)
-        except Exception:  # a receiver that went away ends its own connection only
+        except Exception:  # a receiver that went away, or waited too long, ends its own connection only
             pass
         finally:
             await ep.close()
 
     async def _wait_for(self, tag: str, index: int) -> np.ndarray | None:
-        cond = self._ready.get(tag)
-        if cond is None:
-            return None
-        async with cond:
-            await cond.wait_for(lambda: index in self._versions.get(tag, {index: None}))
+        """The bucket once packed (receivers may ask before the sender got there), None if retired."""
+        async with self._ready:
+            await self._ready.wait_for(lambda: tag in self._retired or index in self._versions.get(tag, {}))
         return self._versions.get(tag, {}).get(index)
 
 

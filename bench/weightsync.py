@@ -1,0 +1,433 @@
+"""Refit benchmark: trainer GPU0 -> rollout GPU1 over NCCL, CUDA IPC on one GPU, the naive way and
+checkpoint-engine, each against the link measured in the same run; `--cpu`: gloo and ucxx against a
+raw socket. Self-contained: two processes rendezvous on localhost, no service, no gRPC.
+
+    python bench/weightsync.py                 # GPU (2 GPUs): writes bench/results/weightsync.json
+    python bench/weightsync.py --cpu           # CPU: writes bench/results/weightsync_cpu.json
+    python bench/weightsync.py --smoke         # seconds on CPU: checks that the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+import types
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services.weightsync import checksum as cs  # noqa: E402
+from services.weightsync.pack import new_ring, packed_buckets  # noqa: E402
+from services.weightsync.plan import ReceiverLayout, make_plan  # noqa: E402
+from services.weightsync.transport import make_transport, receive_buckets  # noqa: E402
+
+# (hidden, layers, heads, kv_heads, intermediate, vocab, tied embeddings, qkv bias)
+SHAPES = {
+    "qwen2-0.5b": (896, 24, 14, 2, 4864, 151936, True, True),
+    "qwen2-1.5b": (1536, 28, 12, 2, 8960, 151936, True, True),
+    "llama-8b": (4096, 32, 32, 8, 14336, 128256, False, False),
+    "smoke": (64, 2, 4, 2, 128, 512, True, True),
+}
+GB = 1e9
+
+
+def state_shapes(name: str) -> list[tuple[str, tuple[int, ...]]]:
+    hidden, layers, heads, kv, inter, vocab, tied, bias = SHAPES[name]
+    head_dim, out = hidden // heads, [("model.embed_tokens.weight", (vocab, hidden))]
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        for part, rows in (("q", heads * head_dim), ("k", kv * head_dim), ("v", kv * head_dim)):
+            out.append((f"{p}.self_attn.{part}_proj.weight", (rows, hidden)))
+            if bias:
+                out.append((f"{p}.self_attn.{part}_proj.bias", (rows,)))
+        out += [(f"{p}.self_attn.o_proj.weight", (hidden, heads * head_dim))]
+        out += [(f"{p}.mlp.{m}_proj.weight", (inter, hidden)) for m in ("gate", "up")]
+        out += [(f"{p}.mlp.down_proj.weight", (hidden, inter))]
+        out += [(f"{p}.{n}.weight", (hidden,)) for n in ("input_layernorm", "post_attention_layernorm")]
+    out.append(("model.norm.weight", (hidden,)))
+    if not tied:
+        out.append(("lm_head.weight", (vocab, hidden)))
+    return out
+
+
+def random_state(name: str, device: torch.device) -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator(device).manual_seed(0)
+    return [(n, torch.randn(s, generator=g, device=device, dtype=torch.bfloat16)) for n, s in state_shapes(name)]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _group(store_port: int, prefix: str, rank: int, backend: str) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        store_host="127.0.0.1", store_port=store_port, prefix=prefix, world_size=2, rank=rank,
+        backend=backend, timeout_s=300.0,
+    )  # fmt: skip
+
+
+class Peer:
+    """One of the two benchmark processes: a store for small messages and a barrier-able group."""
+
+    def __init__(self, rank: int, store_port: int, backend: str):
+        self.rank, self.store_port, self.backend = rank, store_port, backend
+        self.store = dist.TCPStore("127.0.0.1", store_port, 2, is_master=rank == 0, timeout=_td(300))
+        self.device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        self.phase = 0
+
+    def transport(self, backend: str | None = None, source=None):
+        self.phase += 1
+        return make_transport(_group(self.store_port, f"p{self.phase}", self.rank, backend or self.backend), source)
+
+    def barrier(self, name: str) -> None:
+        self.store.add(f"barrier/{name}", 1)
+        self.store.wait([f"barrier/{name}/go"] if self.rank else [], _td(300))
+        if self.rank == 0:
+            while self.store.add(f"barrier/{name}", 0) < 2:
+                time.sleep(0.0005)
+            self.store.set(f"barrier/{name}/go", b"1")
+
+
+def _td(s: float):
+    import datetime
+
+    return datetime.timedelta(seconds=s)
+
+
+def timed(peer: Peer, name: str, fn) -> float:
+    """Seconds from a common start to both sides done (the slower side counts)."""
+    _sync(peer.device)
+    peer.barrier(name)
+    start = time.perf_counter()
+    fn()
+    _sync(peer.device)
+    elapsed = time.perf_counter() - start
+    peer.store.set(f"time/{name}/{peer.rank}", str(elapsed))
+    peer.store.wait([f"time/{name}/{1 - peer.rank}"], _td(300))
+    return max(elapsed, float(peer.store.get(f"time/{name}/{1 - peer.rank}")))
+
+
+def best(peer: Peer, name: str, fn, reps: int) -> float:
+    return min(timed(peer, f"{name}/{r}", fn) for r in range(reps))
+
+
+def link(peer: Peer, nbytes: int, reps: int) -> float:
+    """GB/s of one large broadcast rank 0 -> rank 1: the physical floor every path is held against."""
+    t = peer.transport()
+    buf = torch.ones(nbytes, dtype=torch.uint8, device=peer.device)
+    t.receive(0, buf, "warmup")
+    return nbytes / best(peer, f"link{nbytes}", lambda: t.receive(0, buf, "link"), reps) / GB
+
+
+def naive(peer: Peer, shape: str, reps: int) -> float:
+    """One broadcast per tensor, the way TRL/OpenRLHF did it: seconds."""
+    t = peer.transport()
+    named = random_state(shape, peer.device) if peer.rank == 0 else None
+    tensors = [t_ for _, t_ in named] if named else [torch.empty(s, dtype=torch.bfloat16, device=peer.device)
+                                                     for _, s in state_shapes(shape)]  # fmt: skip
+    return best(peer, f"naive/{shape}", lambda: [t.receive(0, x, "naive") for x in tensors], reps)
+
+
+def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int, backend: str | None = None) -> float:
+    """Plan once, pack into a ring while sending, checksum both sides, verify: seconds."""
+    backend = backend or peer.backend
+    layout = tuple((n, "bfloat16", s) for n, s in state_shapes(shape))
+    plan = make_plan(layout, ReceiverLayout(), bucket_bytes)
+    lookup = dict(random_state(shape, peer.device)) if peer.rank == 0 else {}
+    source, ring = _source(peer, backend, plan, num_buffers)
+    t = peer.transport(backend, source)
+    algo = cs.algo_for(t.device)
+    ring = ring or (new_ring(plan, t.device, num_buffers) if peer.rank == 0 else None)
+    out: dict = {}
+
+    def once() -> None:
+        tag = f"{shape}{peer.phase}{time.perf_counter_ns()}"[:32]
+        peer.store.set("tag", tag) if peer.rank == 0 else None
+        tag = peer.store.get("tag").decode() if peer.rank else tag
+        if peer.rank == 0:
+            sums: list = []
+            wait_free = getattr(t, "wait_free", None)
+            t.send(packed_buckets(plan, lookup, ring, sums, wait_free(tag) if wait_free else None), tag)
+            out["sums"] = sums
+        else:
+            out["buckets"], out["sums"] = receive_buckets(t, list(plan.bucket_nbytes), algo, tag)
+
+    seconds = best(peer, f"ours/{backend}/{shape}/{bucket_bytes}", once, reps)
+    _check(peer, out["sums"])
+    return seconds
+
+
+def _source(peer: Peer, backend: str, plan, num_buffers: int):
+    if backend == "cuda_ipc":
+        from services.weightsync.cuda_ipc import IpcBuffer, shared_ring
+
+        if peer.rank == 0:
+            ring, shared = shared_ring(plan, torch.device("cuda", 0), num_buffers)
+            peer.store.set("ipc", json.dumps([_b64(b) for b in shared]))
+            return types.SimpleNamespace(ipc_buffers=shared), ring
+        shared = [IpcBuffer(**_unb64(d)) for d in json.loads(peer.store.get("ipc"))]
+        return types.SimpleNamespace(ipc_buffers=shared), None
+    if backend == "ucxx":
+        from services.weightsync.ucxx_pull import bucket_server
+
+        if peer.rank == 0:
+            peer.store.set("ucxx", bucket_server("127.0.0.1").address)
+        return types.SimpleNamespace(ucxx_address=peer.store.get("ucxx").decode()), None
+    return None, None
+
+
+def _b64(b) -> dict:
+    return {
+        f: base64.b64encode(v).decode() if isinstance(v, bytes) else v
+        for f, v in ((f, getattr(b, f)) for f in b.__slots__)
+    }  # noqa: E501
+
+
+def _unb64(d: dict) -> dict:
+    binary = ("handle", "ref_counter_handle", "event_handle")
+    return {f: base64.b64decode(v) if f in binary else v for f, v in d.items()}
+
+
+def _check(peer: Peer, sums: list) -> None:
+    """The receiver's checksums of the last repetition equal the sender's: the bytes arrived intact."""
+    digests = [s if isinstance(s, str) else cs.sum64_hex(s) for s in sums]
+    peer.store.set(f"sums/{peer.phase}/{peer.rank}", json.dumps(digests))
+    other = json.loads(peer.store.get(f"sums/{peer.phase}/{1 - peer.rank}"))
+    assert other == digests, "received buckets differ from the sent ones"
+
+
+def checkpoint_engine(rank: int, shape: str, store_port: int) -> float:
+    """MoonshotAI checkpoint-engine's broadcast update (pinned host -> GPU0 -> NCCL -> IPC): seconds."""
+    import threading
+
+    sys.modules.setdefault("checkpoint_engine.api", types.ModuleType("checkpoint_engine.api"))  # FastAPI-only
+    sys.modules["checkpoint_engine.api"].request_inference_to_update = None
+    import zmq
+    from checkpoint_engine.ps import ParameterServer
+    from checkpoint_engine.worker import update_weights_from_ipc
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store_port + 7))
+    ps = ParameterServer(auto_pg=True)
+    named = dict(random_state(shape, torch.device("cuda", 0))) if rank == 0 else {}
+    ps.register_checkpoint("bench", named_tensors={n: t.cpu() for n, t in named.items()})
+    del named
+    ps.gather_metas("bench")
+    got: dict = {}
+
+    def req(socket_paths: list[tuple[str, str]]) -> None:
+        handle = dict(socket_paths)[ps._device_uuid]
+
+        def run(weights):
+            got.update((n, t.clone()) for n, t in weights)
+
+        thread = threading.Thread(
+            target=update_weights_from_ipc, args=(zmq.Context(), handle, rank), kwargs={"run": run}
+        )
+        thread.start()
+
+    start = time.perf_counter()
+    ps.update("bench", req)
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _record(results, key: str, fn) -> None:
+    """Run one measurement; a failure is recorded as its error and the run goes on."""
+    print(f"[rank {results['_rank']}] {key} ...", flush=True)
+    try:
+        results[key] = fn()
+        print(f"[rank {results['_rank']}] {key} = {results[key]}", flush=True)
+    except Exception as e:
+        results[key] = {"error": f"{type(e).__name__}: {e}"}
+        traceback.print_exc()
+
+
+def gpu_worker(rank: int, port: int, args, shared) -> None:
+    torch.cuda.set_device(rank)
+    peer, res = Peer(rank, port, "nccl"), {"_rank": rank}
+    _record(res, "link_GBps", lambda: link(peer, args.link_bytes, args.reps))
+    for shape in args.shapes:
+        _record(res, f"naive_s/{shape}", partial(naive, peer, shape, args.reps))
+        for bucket in args.bucket_bytes:
+            _record(res, f"nccl_s/{shape}/{bucket}", partial(ours, peer, shape, bucket, args.num_buffers, args.reps))
+    torch.cuda.set_device(0)  # CUDA IPC: sender and receiver processes on one GPU
+    peer.device = torch.device("cuda", 0)
+    for shape in args.shapes:
+        bucket = args.bucket_bytes[0]
+        _record(res, f"ipc_s/{shape}", partial(ours, peer, shape, bucket, args.num_buffers, args.reps, "cuda_ipc"))
+    shared.update({f"{k}@{rank}": v for k, v in res.items()})
+
+
+def ckpt_worker(rank: int, port: int, args, shared) -> None:
+    torch.cuda.set_device(rank)
+    res = {"_rank": rank}
+    _record(res, f"ckpt_engine_s/{args.shapes[-1]}", lambda: checkpoint_engine(rank, args.shapes[-1], port))
+    shared.update({f"{k}@{rank}": v for k, v in res.items()})
+
+
+def cpu_worker(rank: int, port: int, args, shared) -> None:
+    os.environ.update(UCX_NET_DEVICES="lo", UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")
+    peer, res = Peer(rank, port, "gloo"), {"_rank": rank}
+    _record(res, "socket_GBps", lambda: raw_socket(peer, args.link_bytes, args.reps))
+    _record(res, "link_GBps", lambda: link(peer, args.link_bytes, args.reps))
+    for shape in args.shapes:
+        bucket = args.bucket_bytes[0]
+        _record(res, f"naive_s/{shape}", partial(naive, peer, shape, args.reps))
+        _record(res, f"gloo_s/{shape}", partial(ours, peer, shape, bucket, args.num_buffers, args.reps))
+        if not args.smoke:
+            _record(res, f"ucxx_s/{shape}", partial(ours, peer, shape, bucket, args.num_buffers, args.reps, "ucxx"))
+    shared.update({f"{k}@{rank}": v for k, v in res.items()})
+
+
+def raw_socket(peer: Peer, nbytes: int, reps: int) -> float:
+    """GB/s of one TCP stream on loopback, rank 0 -> rank 1: the floor of every CPU path."""
+    buf = bytearray(nbytes)
+    if peer.rank == 1:
+        srv = socket.create_server(("127.0.0.1", 0))
+        peer.store.set("sock", str(srv.getsockname()[1]))
+        conn, _ = srv.accept()
+        view = memoryview(buf)
+
+        def recv_all() -> None:
+            got = 0
+            while got < nbytes:
+                got += conn.recv_into(view[got:], nbytes - got)
+    else:
+        conn = socket.create_connection(("127.0.0.1", int(peer.store.get("sock"))))
+
+        def recv_all() -> None:
+            conn.sendall(buf)
+
+    seconds = best(peer, "socket", recv_all, reps)
+    conn.close()
+    return nbytes / seconds / GB
+
+
+def payload_bytes(shape: str) -> int:
+    return sum(2 * _numel(s) for _, s in state_shapes(shape))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def run(worker, args, timeout_s: float) -> dict:
+    """Two processes on a fresh port; whatever they recorded comes back even if one hangs or dies."""
+    port = _free_port()
+    with mp.Manager() as manager:
+        shared = manager.dict()
+        ctx = mp.start_processes(worker, args=(port, args, shared), nprocs=2, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=max(1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                shared["timeout"] = f"{worker.__name__} still running after {timeout_s:.0f}s: killed"
+                break
+        out = dict(shared)
+    return {k.removesuffix("@0"): v for k, v in out.items() if not k.endswith("@1") and not k.startswith("_rank")}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _num(v):
+    return v if isinstance(v, (int, float)) else None
+
+
+def summarize(raw: dict, args, command: str) -> dict:
+    out = {"raw": raw, "notes": [], "command": command, "machine": _machine(), "shapes": {}}
+    out["link_GBps"] = _num(raw.get("link_GBps"))
+    big = args.shapes[-1]
+    for shape in args.shapes:
+        n = payload_bytes(shape)
+        row = {"bytes": n}
+        for key, value in raw.items():
+            path, _, rest = key.partition("/")
+            if rest.split("/")[0] == shape and _num(value):
+                row[path + rest.removeprefix(shape)] = value
+                row[(path + rest.removeprefix(shape)).replace("_s", "_GBps", 1)] = n / value / GB
+        out["shapes"][shape] = row
+    row = out["shapes"][big]
+    nccl = [v for k, v in row.items() if k.startswith("nccl_GBps")]
+    out["nccl_8b_GBps"] = max(nccl) if nccl else None
+    out["nccl_8b_frac_of_link"] = out["nccl_8b_GBps"] / out["link_GBps"] if nccl and out["link_GBps"] else None
+    out["ipc_ms_per_GB"] = row["ipc_s"] * 1e3 / (row["bytes"] / GB) if "ipc_s" in row else None
+    out["naive_8b_GBps"] = row.get("naive_GBps")
+    ckpt = row.get("ckpt_engine_s")
+    best_nccl = min((v for k, v in row.items() if k.startswith("nccl_s")), default=None)
+    out["speedup_vs_checkpoint_engine"] = ckpt / best_nccl if ckpt and best_nccl else None
+    if out["speedup_vs_checkpoint_engine"] is None:
+        out["notes"].append(f"checkpoint-engine did not run: {raw.get('ckpt_engine_s/' + big, 'not attempted')}")
+    out["notes"] += [f"{k}: {v['error']}" for k, v in raw.items() if isinstance(v, dict) and "error" in v]
+    if "socket_GBps" in raw:  # --cpu: the CPU paths against a raw TCP stream on loopback
+        out["socket_GBps"] = _num(raw["socket_GBps"])
+        for path in ("gloo", "ucxx", "naive"):
+            out[f"{path}_GBps"] = row.get(f"{path}_GBps")
+            ok = out[f"{path}_GBps"] and out["socket_GBps"]
+            out[f"{path}_frac_of_socket"] = out[f"{path}_GBps"] / out["socket_GBps"] if ok else None
+        out["notes"].append("--cpu: link_GBps is a plain gloo broadcast; the GPU headline keys are null here")
+        for key in ("nccl_8b_GBps", "nccl_8b_frac_of_link", "ipc_ms_per_GB", "naive_8b_GBps"):
+            out[key] = None
+    return out
+
+
+def _machine() -> str:
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return f"{platform.node()}: {os.cpu_count()} cores, {', '.join(gpus) or 'no GPU'}, torch {torch.__version__}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", action="store_true", help="gloo and ucxx against a raw socket")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU run that checks the script works")
+    p.add_argument("--shapes", nargs="+", default=None, help=f"among {list(SHAPES)}; the last is the headline")
+    p.add_argument("--bucket-bytes", nargs="+", type=int, default=[512 * 2**20, 2**30])
+    p.add_argument("--num-buffers", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--link-bytes", type=int, default=4 * 2**30)
+    p.add_argument("--skip-checkpoint-engine", action="store_true")
+    p.add_argument("--timeout-s", type=float, default=1800)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    command = "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])
+    cpu = args.cpu or args.smoke
+    if args.smoke:
+        args.shapes, args.bucket_bytes, args.link_bytes, args.reps = ["smoke"], [16 * 1024], 2**20, 1
+    elif cpu:
+        args.shapes = args.shapes or ["qwen2-0.5b"]
+        args.bucket_bytes, args.link_bytes = [args.bucket_bytes[0] // 8], args.link_bytes // 16
+    args.shapes = args.shapes or ["qwen2-0.5b", "qwen2-1.5b", "llama-8b"]
+    raw = run(cpu_worker if cpu else gpu_worker, args, args.timeout_s)
+    if not cpu and not args.skip_checkpoint_engine:
+        raw.update(run(ckpt_worker, args, args.timeout_s / 2))
+    result = summarize(raw, args, command)
+    default = "/tmp/weightsync_smoke.json" if args.smoke else f"weightsync{'_cpu' if cpu else ''}.json"
+    out = Path(args.out or (default if args.smoke else ROOT / "bench" / "results" / default))
+    out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k not in ("raw", "shapes")}, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
