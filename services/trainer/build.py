@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -10,10 +11,11 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from services.common.config import RunConfig, TrainerSection
-
 from .attention import SDPA_VARLEN, register_attention
 from .engine import Engine
+
+if TYPE_CHECKING:  # pydantic stays out of the import path: the GPU bench image lacks it
+    from services.common.config import RunConfig, TrainerSection
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Selective checkpointing keeps the outputs of these (the FLOPs) and recomputes everything else (norms,

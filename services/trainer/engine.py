@@ -6,6 +6,7 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -13,14 +14,14 @@ from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from services.common.config import TrainerSection
-from services.weightsync.manifest import tensor_checksum
-
 from . import checkpoint
 from .attention import SDPA_VARLEN
 from .losses import mult_prob_error, token_logprobs, token_logprobs_and_entropy
 from .objective import TokenInputs, loss_weights, token_objective
 from .packing import Packed, Seq, plan, response_offsets
+
+if TYPE_CHECKING:  # pydantic stays out of the import path: the GPU bench image lacks it
+    from services.common.config import TrainerSection
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,8 @@ class Engine:
             checkpoint.save_train_state(folder, self.model, self.optimizer, self.policy_version, self.rank)
         if self.rank != 0:
             return {}
+        from services.weightsync.manifest import tensor_checksum  # protos: not needed to train
+
         checkpoint.write_hf(sd, self.model_dir, staging)
         checkpoint.publish_dir(staging, path)
         return {name: tensor_checksum(t) for name, t in sd.items()}

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-
-from services.common.config import TrainerSection
 
 from .losses import (
     clip_higher_token_loss,
@@ -22,6 +21,9 @@ from .losses import (
     token_is_weights,
     token_mean_weights,
 )
+
+if TYPE_CHECKING:  # pydantic stays out of the import path: the GPU bench image lacks it
+    from services.common.config import TrainerSection
 
 LOSSES = ("grpo", "dapo", "gspo", "dr_grpo")
 
