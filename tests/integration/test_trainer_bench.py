@@ -1,0 +1,22 @@
+"""bench/trainer.py keeps running: its CPU smoke mode (tiny model, engine and naive side) writes every key."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_bench_smoke_writes_the_headline_keys(tmp_path):
+    out = tmp_path / "trainer.json"
+    cmd = [sys.executable, str(REPO / "bench/trainer.py"), "--smoke", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results["errors"] == {}
+    for key in ("mfu_tiny", "speedup_vs_naive_tiny", "peak_mem_GiB_tiny", "tokens_per_s_tiny"):
+        assert results[key] > 0, key
+    assert results["command"].startswith("python bench/trainer.py") and results["machine"]
+    engine = results["configs"]["tiny"]["engine"]
+    assert engine["attn_implementation"] == "sdpa_varlen" and engine["check_max_abs_logprob_diff_vs_naive"] < 0.05
