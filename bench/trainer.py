@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from services.trainer.packing import Seq  # noqa: E402
 
 PEAK_FLOPS = 989e12
-QWEN2 = {"vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 1e6, "max_position_embeddings": 32768}
+QWEN2 = {"vocab_size": 151936, "tie_word_embeddings": True, "max_position_embeddings": 32768}
 SHAPES = {  # the real Qwen2-0.5B / Qwen2-1.5B shapes, random weights
     "0p5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "intermediate_size": 4864},
     "1p5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "intermediate_size": 8960},
