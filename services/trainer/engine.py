@@ -204,8 +204,8 @@ class Engine:
         logp_R, entropy_R = self._forward(self.model, mb, with_entropy=self.cfg.entropy_coef > 0)
         inputs = TokenInputs(
             logp_R=logp_R,
-            # One optimizer step per batch: the policy that sampled the clip range's "old" side is the
-            # current one, so its logprobs are this forward's, detached (no separate pass needed).
+            # One optimizer step per batch: pi_old, the clip range's anchor, is the policy of this very
+            # forward, so its logprobs are these, detached; a separate no-grad pass would only repeat them.
             old_logp_R=logp_R.detach(),
             advantages_R=batch.advantages_N[idx_R],
             rollout_logp_R=batch.rollout_logp_N[idx_R],
