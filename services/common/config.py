@@ -182,6 +182,23 @@ class RedisSection(_Section):
     """Stream of scored trajectory groups."""
 
 
+class PlacementSection(_Section):
+    """Where `make up` puts trainer ranks and rollout workers on a Slurm allocation or Docker host."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto = one GPU per trainer rank and per rollout worker where the allocation has GPUs, else CPU."""
+    trainer_nodes: list[str | int] = []
+    """Nodes of the trainer ranks, as host names or indices into the allocation; empty = an even split."""
+    rollout_nodes: list[str | int] = []
+    """Nodes of the rollout workers (round robin), as host names or indices; empty = an even split."""
+    num_nodes: int = Field(default=1, ge=1)
+    """Nodes a batch job submitted by `make up` asks for (inside an allocation, Slurm's count rules)."""
+    gpus_per_node: int = Field(default=0, ge=0)
+    """GPUs per node a submitted batch job asks for; 0 = none."""
+    trainer_rdzv_port: int = Field(default=0, ge=0, le=65535)
+    """torchrun rendezvous port when the trainer spans nodes; 0 = a free port chosen at launch."""
+
+
 class RunConfig(_Section):
     run: RunSection = RunSection()
     model: ModelSection = ModelSection()
@@ -191,6 +208,7 @@ class RunConfig(_Section):
     trainer: TrainerSection = TrainerSection()
     weightsync: WeightsyncSection = WeightsyncSection()
     redis: RedisSection = RedisSection()
+    placement: PlacementSection = PlacementSection()
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -1,0 +1,100 @@
+"""`make down`: stop everything `make up` started (from the records under `<output_dir>/.up/`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from services.common.config import ConfigError, load_config
+
+from . import records
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default=None, help="run TOML; only run.output_dir is read")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.output_dir=/scratch/runs")
+    args = parser.parse_args()
+    try:
+        output_dir = load_config(args.config, args.overrides).run.output_dir
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    found = records.read_all(output_dir)
+    if not found:
+        print(f"nothing started by `make up` is recorded under {Path(output_dir) / '.up'}")
+    for path, record in found:
+        print(f"stopping run {record['run_id']} ({record['kind']})", flush=True)
+        STOP[record["kind"]](record)
+        records.remove(path)
+    return 0
+
+
+def _stop_launcher(record: dict, timeout_s: float = 120.0) -> None:
+    """What Ctrl-C does to the launcher: it stops the services it started, then exits."""
+    pid = record["pid"]
+    if record["host"] != socket.gethostname() or not _is_launcher(pid):
+        return
+    os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + timeout_s
+    while _is_launcher(pid):
+        if time.monotonic() > deadline:
+            print(f"launcher {pid} still running after {timeout_s:.0f}s; killing it", file=sys.stderr)
+            os.kill(pid, signal.SIGKILL)
+            return
+        time.sleep(0.2)
+
+
+def _is_launcher(pid: int) -> bool:
+    # Not merely "pid exists": ids are reused, and an exited child nobody reaped stays as a zombie.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z" and b"deploy." in cmdline
+
+
+def _stop_slurm(record: dict) -> None:
+    from .slurm.launch import our_steps, stop_steps
+
+    _stop_launcher(record)
+    # The launcher may run on another host, or have died: stop its steps through Slurm.
+    if our_steps(record["job_id"], record["run_id"]):
+        stop_steps([], record["job_id"], record["run_id"])
+
+
+def _stop_sbatch(record: dict, timeout_s: float = 120.0) -> None:
+    job_id = record["job_id"]
+    if not _job_listed(job_id):
+        return
+    subprocess.run(["scancel", job_id], check=True)
+    deadline = time.monotonic() + timeout_s
+    while _job_listed(job_id):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still listed by squeue {timeout_s:.0f}s after scancel")
+        time.sleep(0.5)
+
+
+def _job_listed(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "--noheader", f"--jobs={job_id}", "--format=%T"], capture_output=True, text=True)
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def _stop_docker(record: dict) -> None:
+    _stop_launcher(record)
+    env = {**os.environ, **record["env"]}
+    subprocess.run([*record["compose"], "down", "--remove-orphans"], env=env, check=True)
+
+
+STOP = {"local": _stop_launcher, "slurm": _stop_slurm, "sbatch": _stop_sbatch, "docker": _stop_docker}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Drive a launched run from outside: wait for every service, start the run, show the table until it ends."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from collections.abc import Callable
+
+from services.common.config import RunConfig
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (`make down`, `scancel`) unwinds like Ctrl-C, so the launcher's cleanup still runs."""
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def wait_ready(addresses: list[str], check_alive: Callable[[], None], timeout_s: float = 600.0) -> None:
+    """Until every gRPC address is healthy; check_alive raises as soon as a service died."""
+    from services.common.grpcio import wait_healthy
+
+    deadline = time.monotonic() + timeout_s
+    for address in addresses:
+        while True:
+            check_alive()
+            try:
+                wait_healthy(address, timeout_s=2.0)
+                break
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{address} not healthy after {timeout_s:.0f}s") from None
+
+
+def follow(cfg: RunConfig, coordinator: str, status_url: str, check_alive: Callable[[], None]) -> int:
+    """Start the run on the coordinator at `coordinator`, print a row per step; 0 when it ends DONE."""
+    from tqdm import tqdm
+
+    from protos.grpo.v1 import coordinator_pb2
+    from services.coordinator.client import CoordinatorClient
+    from services.coordinator.metrics import header, row
+
+    print(f"status: {status_url}", flush=True)
+    with CoordinatorClient(coordinator) as client:
+        status = client.start_run(cfg.run.num_steps)
+        bar = tqdm(total=status.num_steps, unit="step", dynamic_ncols=True)
+        bar.write(header())
+        shown = 0
+        while status.state == coordinator_pb2.RUN_STATE_RUNNING:
+            time.sleep(0.5)
+            check_alive()
+            status = client.status()
+            if status.step > shown:
+                bar.write(row(dict(status.last_metrics)))
+                bar.update(status.step - shown)
+                shown = status.step
+        bar.close()
+    state = coordinator_pb2.RunState.Name(status.state)
+    print(f"run {cfg.run.run_id} ended: {state} after {status.step} steps", flush=True)
+    if status.error:
+        print(f"error: {status.error}", file=sys.stderr)
+    return 0 if status.state == coordinator_pb2.RUN_STATE_DONE else 1
