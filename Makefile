@@ -21,6 +21,20 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) -m deploy.local --config $(CONFIG) $(ARGS)
 
+# Slurm (inside an allocation; a batch job where sbatch answers), else Docker where an engine answers, else
+# the local placement of `make run`. DRY_RUN=1: check the config, print the plan, start nothing.
+# BACKEND=slurm|sbatch|docker|local overrides the detection.
+DRY_RUN ?=
+BACKEND ?=
+.PHONY: up down
+
+up: $(STAMP)
+	$(PY) -m deploy.up --config $(CONFIG) $(if $(filter-out 0,$(DRY_RUN)),--dry-run) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+
+# Stops everything `make up` started under run.output_dir (runs/ unless CONFIG/ARGS say otherwise).
+down: $(STAMP)
+	$(PY) -m deploy.down --config $(CONFIG) $(ARGS)
+
 test: $(STAMP) proto-check
 	$(PY) -m pytest -m "not gpu" -q -rs tests
 

@@ -1,0 +1,114 @@
+"""`make up` inside a Slurm allocation: every service an srun step on its planned node, one run, a clean stop."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from services.common.config import RunConfig, dump_toml
+
+from .. import records
+from ..drive import follow, stop_on_sigterm, wait_ready
+from ..plan import Plan, format_plan, place
+from ..procs import Service, check_alive, stop_all
+from .cluster import allocation
+from .commands import srun, step_name
+
+
+def up(cfg: RunConfig, dry_run: bool) -> int:
+    plan = place(cfg, allocation())
+    print(format_plan(plan), flush=True)
+    if dry_run:
+        return 0
+    run_dir = Path(plan.cfg.run.output_dir) / plan.cfg.run.run_id
+    (run_dir / "redis").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(dump_toml(plan.cfg))
+    return run(plan, run_dir)
+
+
+def run(plan: Plan, run_dir: Path) -> int:
+    from services.common.tinymodel import create_tiny_model
+
+    cfg, job_id = plan.cfg, os.environ["SLURM_JOB_ID"]
+    record = records.write(cfg.run.output_dir, "slurm", cfg.run.run_id, job_id=job_id)
+    stop_on_sigterm()
+    services: list[Service] = []
+    try:
+        # Before any step: rollout workers load it at start, and every node reads the same shared path.
+        if cfg.model.create:
+            create_tiny_model(cfg.model, cfg.run.seed)
+        print(f"run {cfg.run.run_id}: starting job steps in job {job_id} (logs in {run_dir / 'logs'})", flush=True)
+        for p in plan.placements:
+            services.append(_start(p.service, srun(plan, p, run_dir / "config.toml"), run_dir / "logs"))
+            if p.service == "redis":
+                _wait_redis(cfg.redis.url, services)
+        alive = lambda: check_alive(services)  # noqa: E731
+        grpc = [p.address for p in plan.placements if p.service != "redis"]
+        wait_ready(grpc, alive)
+        return follow(cfg, plan.get("coordinator").address, plan.status_url, alive)
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping every job step", file=sys.stderr)
+        return 130
+    finally:
+        stop_steps(services, job_id, cfg.run.run_id)
+        records.remove(record)
+
+
+def _start(name: str, cmd: list[str], log_dir: Path) -> Service:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")  # as `make run`: intra-op threads of every service fight otherwise
+    # Own session: a Ctrl-C in the terminal reaches the launcher only, which stops the steps in order.
+    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Service(name, proc, log)
+
+
+def _wait_redis(url: str, services: list[Service], timeout_s: float = 120.0) -> None:
+    import redis
+
+    client, deadline = redis.Redis.from_url(url), time.monotonic() + timeout_s
+    while True:
+        check_alive(services)
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Redis at {url} did not answer within {timeout_s:.0f}s") from None
+            time.sleep(0.2)
+
+
+def our_steps(job_id: str, run_id: str) -> list[tuple[str, str]]:
+    """(job.step id, step name) of this run's steps still known to Slurm."""
+    out = subprocess.run(
+        ["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"], capture_output=True, text=True
+    ).stdout
+    ours = re.compile(re.escape(step_name(run_id, "")) + r"(redis|weightsync|trainer|coordinator|rollout-\d+)")
+    rows = [line.split() for line in out.splitlines()]
+    return [(row[0], row[1]) for row in rows if len(row) == 2 and ours.fullmatch(row[1])]
+
+
+def stop_steps(services: list[Service], job_id: str, run_id: str, grace_s: float = 20.0) -> None:
+    """The services first and Redis last, so their last calls still reach it; each phase SIGTERMs the tasks
+    themselves, then cancels what is left.
+
+    Not SIGTERM to srun: srun answers it by cancelling its step, which SIGKILLs the tasks at once.
+    """
+    redis_step = step_name(run_id, "redis")
+    for is_redis in (False, True):
+        procs = [s for s in services if (s.name == "redis") == is_redis]
+        steps = [s for s in our_steps(job_id, run_id) if (s[1] == redis_step) == is_redis]
+        if steps:
+            subprocess.run(["scancel", "--signal=TERM", *(i for i, _ in steps)], capture_output=True)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (any(p.proc.poll() is None for p in procs) or steps):
+            time.sleep(0.5)
+            steps = [s for s in our_steps(job_id, run_id) if (s[1] == redis_step) == is_redis]
+        if steps:
+            subprocess.run(["scancel", *(i for i, _ in steps)], capture_output=True)
+        stop_all(procs, grace_s=10.0)
