@@ -69,6 +69,12 @@ class CoordinatorSection(_Section):
     """Nucleus sampling mass."""
     ignore_eos: bool = True
     """Generate exactly max_tokens (the built-in task scores fixed-length answers)."""
+    dynamic_sampling: bool = False
+    """Train only on groups whose rewards differ (DAPO): an all-equal group has zero advantage everywhere."""
+    overlong_buffer_tokens: int = Field(default=0, ge=0)
+    """DAPO overlong shaping: the last this many tokens before max_tokens cost up to overlong_penalty; 0 = off."""
+    overlong_penalty: float = Field(default=1.0, ge=0)
+    """Reward subtracted from a response that reaches max_tokens (with overlong_buffer_tokens > 0)."""
     batch_timeout_s: float = Field(default=600.0, gt=0)
     """A step fails if its batch is not complete within this time."""
     rpc_timeout_s: float = Field(default=600.0, gt=0)
@@ -192,7 +198,7 @@ class PlacementSection(_Section):
     rollout_nodes: list[str | int] = []
     """Nodes of the rollout workers (round robin), as host names or indices; empty = an even split."""
     num_nodes: int = Field(default=1, ge=1)
-    """Nodes a batch job submitted by `make up` asks for (inside an allocation, Slurm's count rules)."""
+    """Nodes a batch job submitted by `make up` asks for; inside an allocation its own nodes are used."""
     gpus_per_node: int = Field(default=0, ge=0)
     """GPUs per node a submitted batch job asks for; 0 = none."""
     trainer_rdzv_port: int = Field(default=0, ge=0, le=65535)
@@ -216,6 +222,8 @@ class RunConfig(_Section):
             raise ValueError("model.hidden_size must be a multiple of model.num_heads")
         if self.model.num_heads % self.model.num_kv_heads:
             raise ValueError("model.num_heads must be a multiple of model.num_kv_heads")
+        if self.coordinator.overlong_buffer_tokens > self.coordinator.max_tokens:
+            raise ValueError("coordinator.overlong_buffer_tokens must be <= coordinator.max_tokens")
         if self.task.name == "jsonl" and not self.task.prompts_path:
             raise ValueError("task.prompts_path is required when task.name = 'jsonl'")
         return self

@@ -13,7 +13,7 @@ from services.common.queue import WorkQueue
 from services.common.tasks import Prompt
 from services.common.tokenizer import Vocab
 
-from .advantages import group_advantages
+from .advantages import dr_grpo_advantages, group_advantages, groups_with_signal, overlong_penalty
 from .metrics import MetricsLog
 from .state import RunState
 
@@ -94,10 +94,16 @@ class GrpoLoop:
         return [got[i] for i in range(want)]
 
     def advantages(self, groups: list[queue_pb2.TrajectoryGroup]) -> list[trainer_pb2.Sequence]:
+        c = self.cfg.coordinator
+        rewards_PG = [[t.reward + self._shaping(len(t.response_ids)) for t in g.trajectories] for g in groups]
+        kept = groups_with_signal(rewards_PG) if c.dynamic_sampling else list(range(len(groups)))
+        # If no group has signal the batch still trains (all advantages 0): the loop stays uniform.
+        kept = kept or list(range(len(groups)))
+        advantage_fn = dr_grpo_advantages if self.cfg.trainer.loss == "dr_grpo" else group_advantages
         sequences = []
-        for g in groups:
-            adv = group_advantages([t.reward for t in g.trajectories])
-            for t, a in zip(g.trajectories, adv):
+        for p in kept:
+            g = groups[p]
+            for t, a in zip(g.trajectories, advantage_fn(rewards_PG[p])):
                 sequences.append(
                     trainer_pb2.Sequence(
                         prompt_ids=g.prompt_ids,
@@ -108,6 +114,12 @@ class GrpoLoop:
                     )
                 )
         return sequences
+
+    def _shaping(self, num_tokens: int) -> float:
+        c = self.cfg.coordinator
+        if not c.overlong_buffer_tokens:
+            return 0.0
+        return overlong_penalty(num_tokens, c.max_tokens, c.overlong_buffer_tokens, c.overlong_penalty)
 
     def train(self, step: int, sequences: list[trainer_pb2.Sequence]) -> trainer_pb2.TrainReply:
         with (self.run_dir / "batches.jsonl").open("a") as f:
