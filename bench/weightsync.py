@@ -257,10 +257,11 @@ def _record(results, key: str, fn) -> None:
 
 
 def gpu_worker(rank: int, port: int, args, shared) -> None:
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(0 if args.ipc_only else rank)
     peer, res = Peer(rank, port, "nccl"), {"_rank": rank}
-    _record(res, "link_GBps", lambda: link(peer, args.link_bytes, args.reps))
-    for shape in args.shapes:
+    for shape in [] if args.ipc_only else args.shapes:  # NCCL needs a GPU per process
+        if "link_GBps" not in res:
+            _record(res, "link_GBps", lambda: link(peer, args.link_bytes, args.reps))
         _record(res, f"naive_s/{shape}", partial(naive, peer, shape, args.reps))
         for bucket in args.bucket_bytes:
             _record(res, f"nccl_s/{shape}/{bucket}", partial(ours, peer, shape, bucket, args.num_buffers, args.reps))
@@ -407,6 +408,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--link-bytes", type=int, default=4 * 2**30)
     p.add_argument("--skip-checkpoint-engine", action="store_true")
+    p.add_argument("--ipc-only", action="store_true", help="one GPU: only the CUDA IPC path")
     p.add_argument("--timeout-s", type=float, default=1800)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -419,7 +421,7 @@ def main() -> None:
         args.bucket_bytes, args.link_bytes = [args.bucket_bytes[0] // 8], args.link_bytes // 16
     args.shapes = args.shapes or ["qwen2-0.5b", "qwen2-1.5b", "llama-8b"]
     raw = run(cpu_worker if cpu else gpu_worker, args, args.timeout_s)
-    if not cpu and not args.skip_checkpoint_engine:
+    if not cpu and not args.skip_checkpoint_engine and not args.ipc_only:
         raw.update(run(ckpt_worker, args, args.timeout_s / 2))
     result = summarize(raw, args, command)
     default = "/tmp/weightsync_smoke.json" if args.smoke else f"weightsync{'_cpu' if cpu else ''}.json"
