@@ -37,11 +37,14 @@ def main() -> int:
 
 
 def _stop_launcher(record: dict, timeout_s: float = 120.0) -> None:
-    """What Ctrl-C does to the launcher: it stops the services it started, then exits."""
+    """SIGTERM to the launcher: like Ctrl-C, it stops the services it started, then exits.
+
+    Not SIGINT: a launcher started in the background (`nohup make up &`) ignores it.
+    """
     pid = record["pid"]
     if record["host"] != socket.gethostname() or not _is_launcher(pid):
         return
-    os.kill(pid, signal.SIGINT)
+    os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while _is_launcher(pid):
         if time.monotonic() > deadline:

@@ -19,6 +19,12 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def shield_cleanup() -> None:
+    """From here on Ctrl-C and SIGTERM are ignored: a second one must not cut the stopping of services short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def wait_ready(addresses: list[str], check_alive: Callable[[], None], timeout_s: float = 600.0) -> None:
     """Until every gRPC address is healthy; check_alive raises as soon as a service died."""
     from services.common.grpcio import wait_healthy
@@ -59,7 +65,8 @@ def follow(cfg: RunConfig, coordinator: str, status_url: str, check_alive: Calla
                 shown = status.step
         bar.close()
     state = coordinator_pb2.RunState.Name(status.state)
-    print(f"run {cfg.run.run_id} ended: {state} after {status.step} steps", flush=True)
+    run_dir = f"{cfg.run.output_dir}/{cfg.run.run_id}"
+    print(f"run {cfg.run.run_id} ended: {state} after {status.step} steps; {run_dir}/metrics.jsonl", flush=True)
     if status.error:
         print(f"error: {status.error}", file=sys.stderr)
     return 0 if status.state == coordinator_pb2.RUN_STATE_DONE else 1

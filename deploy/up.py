@@ -6,8 +6,9 @@ import argparse
 import os
 import socket
 import sys
+from pathlib import Path
 
-from services.common.config import ConfigError, RunConfig, load_config
+from services.common.config import ConfigError, RunConfig, dump_toml, load_config
 
 from .plan import PlanError
 
@@ -66,17 +67,25 @@ def _local(cfg: RunConfig, args: argparse.Namespace) -> int:
     import torch
 
     from . import records
+    from .drive import stop_on_sigterm
+    from .local import run_local
+    from .placement import gpu_env
     from .plan import Cluster, format_plan, place
 
-    plan = place(cfg, Cluster("local", (socket.gethostname(),), torch.cuda.device_count()))
+    cluster = Cluster("local", (socket.gethostname(),), torch.cuda.device_count())
+    plan = place(cfg, cluster)
     print(format_plan(plan), flush=True)
     if args.dry_run:
         return 0
-    records.write(plan.cfg.run.output_dir, "local", plan.cfg.run.run_id)
-    # Same process id: `make down` interrupts deploy.local like a Ctrl-C, and it stops its services.
-    run_id = [f'run.run_id="{plan.cfg.run.run_id}"']
-    conf = ["--config", args.config] if args.config else []
-    os.execv(sys.executable, [sys.executable, "-m", "deploy.local", *conf, *args.overrides, *run_id])
+    run_dir = Path(plan.cfg.run.output_dir) / plan.cfg.run.run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(dump_toml(plan.cfg))
+    record = records.write(plan.cfg.run.output_dir, "local", plan.cfg.run.run_id)
+    stop_on_sigterm()
+    try:
+        return run_local(plan.cfg, run_dir, gpu_env(plan.cfg, cluster.gpus_per_node))
+    finally:
+        records.remove(record)
 
 
 if __name__ == "__main__":

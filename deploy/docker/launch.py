@@ -12,7 +12,7 @@ from pathlib import Path
 from services.common.config import RunConfig, dump_toml
 
 from .. import records
-from ..drive import follow, stop_on_sigterm, wait_ready
+from ..drive import follow, shield_cleanup, stop_on_sigterm, wait_ready
 from ..plan import Cluster, Plan, format_plan, place
 
 COMPOSE_FILE = Path(__file__).with_name("compose.yaml")
@@ -109,6 +109,7 @@ def run(plan: Plan, compose: list[str], env: dict[str, str], record: Path) -> in
         print("\ninterrupted: taking the compose project down", file=sys.stderr)
         return 130
     finally:
+        shield_cleanup()
         subprocess.run([*compose, "down", "--remove-orphans"], env=env)
         records.remove(record)
 

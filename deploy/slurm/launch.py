@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 from services.common.config import RunConfig, dump_toml
 
 from .. import records
-from ..drive import follow, stop_on_sigterm, wait_ready
+from ..drive import follow, shield_cleanup, stop_on_sigterm, wait_ready
 from ..plan import Plan, format_plan, place
 from ..procs import Service, check_alive, stop_all
 from .cluster import allocation
@@ -46,7 +47,7 @@ def run(plan: Plan, run_dir: Path) -> int:
             services.append(_start(p.service, srun(plan, p, run_dir / "config.toml"), run_dir / "logs"))
             if p.service == "redis":
                 _wait_redis(cfg.redis.url, services)
-        alive = lambda: check_alive(services)  # noqa: E731
+        alive = functools.partial(check_alive, services)
         grpc = [p.address for p in plan.placements if p.service != "redis"]
         wait_ready(grpc, alive)
         return follow(cfg, plan.get("coordinator").address, plan.status_url, alive)
@@ -54,6 +55,7 @@ def run(plan: Plan, run_dir: Path) -> int:
         print("\ninterrupted: stopping every job step", file=sys.stderr)
         return 130
     finally:
+        shield_cleanup()
         stop_steps(services, job_id, cfg.run.run_id)
         records.remove(record)
 

@@ -57,10 +57,10 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
 """
 
 
-def _wait_for(predicate, timeout_s: float, what: str) -> None:
+def _wait_for(predicate, timeout_s: float, what: str, details=lambda: "") -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f}s"
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f}s{details()}"
         time.sleep(0.2)
 
 
@@ -139,7 +139,7 @@ def _submit(env: dict, out_dir: Path, run_id: str, tiny_model: Path, *overrides:
 def test_batch_job_runs_every_step_and_leaves_nothing(slurm_env, tmp_path, tiny_model):
     out_dir, run_dir = tmp_path / "runs", tmp_path / "runs" / "batch"
     job_id = _submit(slurm_env, out_dir, "batch", tiny_model, "run.num_steps=2", "trainer.num_ranks=2")
-    _wait_for(lambda: not _job_listed(slurm_env, job_id), 600, "batch job did not end" + _diagnostics(run_dir))
+    _wait_for(lambda: not _job_listed(slurm_env, job_id), 600, "batch job did not end", lambda: _diagnostics(run_dir))
 
     job_out = (run_dir / f"slurm-{job_id}.out").read_text()
     assert "ended: RUN_STATE_DONE after 2 steps" in job_out, _diagnostics(run_dir)
@@ -166,7 +166,7 @@ def test_make_down_stops_a_running_job(slurm_env, tmp_path, tiny_model):
     out_dir, run_dir = tmp_path / "runs", tmp_path / "runs" / "stopme"
     job_id = _submit(slurm_env, out_dir, "stopme", tiny_model, "run.num_steps=1000", "trainer.num_ranks=1")
     metrics = run_dir / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and metrics.read_text(), 300, "no step finished" + _diagnostics(run_dir))
+    _wait_for(lambda: metrics.exists() and metrics.read_text(), 300, "no step finished", lambda: _diagnostics(run_dir))
     assert _job_listed(slurm_env, job_id)
     assert _processes_mentioning(str(run_dir))
 
