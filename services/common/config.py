@@ -151,6 +151,16 @@ class TrainerSection(_Section):
     """Attention over packed rows: sdpa (transformers builds a block-causal mask from the position ids), sdpa_varlen
     (one causal sdpa call per packed sequence: no mask, no cross-sequence FLOPs; best on GPU), flex_attention
     (block-sparse mask; compiled on first use, GPU)."""
+    flash_varlen: bool = True
+    """With sdpa_varlen on CUDA in bf16: one flash-attention varlen call per packed row (cu_seqlens) instead of
+    one sdpa call per sequence; on CPU, or in fp32, sdpa_varlen always calls sdpa per sequence."""
+    logprob_chunk_tokens: int = Field(default=0, ge=0)
+    """Fused lm_head + logprob: response tokens per chunk of the fp32 softmax math over the bf16 logits, so the
+    fp32 [tokens, vocab] log-softmax and its gradient never exist; 0 = plain logits and log_softmax. Not used
+    for entropy_coef > 0 (the entropy needs the full distribution)."""
+    compile_layers: bool = False
+    """torch.compile (dynamic shapes) every decoder layer's RMSNorms and MLP and the fused head's softmax math,
+    fusing their pointwise ops; GPU (CPU needs a C++ compiler and compiles slowly)."""
 
 
 class WeightsyncSection(_Section):

@@ -13,6 +13,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from .attention import SDPA_VARLEN, register_attention
 from .engine import Engine
+from .head import compile_head, install_packed_logprobs
 
 if TYPE_CHECKING:  # pydantic stays out of the import path: the GPU bench image lacks it
     from services.common.config import RunConfig, TrainerSection
@@ -57,28 +58,60 @@ def assemble_engine(
 ) -> Engine:
     """Shard already-built fp32 models (the master weights) on a mesh of every rank, then add AdamW."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    if cfg.compile_layers:  # before the wrappers: the compiled modules keep their names in the state dict
+        compile_layers(model)
+        compile_head()
     apply_activation_checkpointing(model, cfg.activation_checkpointing)
     compute_dtype = _DTYPES[cfg.dtype]
-    shard(model, mesh, compute_dtype, cfg.cpu_offload, device)
+    # On one rank a shard is the whole parameter: resharding after forward would only cast and copy
+    # every layer's weights again for backward, for no memory saved but the bf16 copy.
+    keep_unsharded = mesh.size() == 1 and not cfg.cpu_offload
+    shard(model, mesh, compute_dtype, cfg.cpu_offload, device, reshard_after_forward=not keep_unsharded)
+    install_packed_logprobs(model)
     if ref_model is not None:
         ref_model.requires_grad_(False).eval()
+        if cfg.compile_layers:
+            compile_layers(ref_model)
         shard(ref_model, mesh, compute_dtype, cfg.ref_cpu_offload, device)
+        install_packed_logprobs(ref_model)
     # Fused AdamW is one kernel per step on GPU; on CPU (and for offloaded params) keep torch's default.
     fused = {"fused": True} if device.type == "cuda" and not cfg.cpu_offload else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
     return Engine(model, ref_model, optimizer, cfg, model_dir, device)
 
 
-def shard(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype, offload: bool, device: torch.device) -> None:
-    """One FSDP unit per decoder layer, so only one layer's full weights exist at a time."""
+def shard(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    compute_dtype: torch.dtype,
+    offload: bool,
+    device: torch.device,
+    reshard_after_forward: bool = True,
+) -> None:
+    """One FSDP unit per decoder layer, so only one layer's full weights exist at a time (between forward
+    and backward too, unless reshard_after_forward is False)."""
     # Parameters stay in their loaded dtype (fp32 master weights); forward/backward run in compute_dtype
     # and gradients are reduced in fp32, so bf16 rounding never accumulates across ranks.
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     # fully_shard moves the shards to the mesh's device, or keeps them in (pinned) CPU memory when offloading.
     offload_policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload_policy)
+        fully_shard(
+            layer, mesh=mesh, mp_policy=mp, offload_policy=offload_policy, reshard_after_forward=reshard_after_forward
+        )
     fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload_policy)
+
+
+def compile_layers(model: nn.Module) -> None:
+    """Compile each decoder layer's RMSNorms and MLP in place (one graph each, shared by all layers).
+
+    Regional, not the whole layer: attention takes per-row Python kwargs (sequence lengths) that would
+    make dynamo recompile for every micro-batch. dynamic=True: row lengths differ on every micro-batch.
+    """
+    for layer in model.model.layers:
+        for module in (layer.input_layernorm, layer.post_attention_layernorm, layer.mlp):
+            module.compile(dynamic=True)
+    model.model.norm.compile(dynamic=True)
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:

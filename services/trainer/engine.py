@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import resource
 import time
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from . import checkpoint
@@ -137,6 +139,11 @@ class Engine:
                 self._dummy_logits(model)
                 continue
             out_N[mb.token_index_R.to(self.device)] = self._forward(model, mb, with_entropy=False)[0]
+        # Without a backward nothing reshards layers kept unsharded after forward (one rank); a later
+        # load() or step would otherwise leave a stale bf16 copy in use.
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
         # Each token is written by exactly one rank and is 0 elsewhere, so a sum gathers them exactly.
         dist.all_reduce(out_N)
         return out_N
@@ -145,18 +152,26 @@ class Engine:
         """Logprobs (and entropies) of the row's response tokens."""
         # attention_mask=None + restarting position_ids make attention block-diagonal per sequence;
         # use_cache=False is required, a cache silently disables that detection in transformers.
-        packed = {"packed_seq_lens": mb.seq_lens} if self.cfg.attn_implementation == SDPA_VARLEN else {}
+        ids_1T, pos_1T = mb.input_ids_1T.to(self.device), mb.position_ids_1T.to(self.device)
+        logit_index_R, targets_R = mb.logit_index_R.to(self.device), mb.targets_R.to(self.device)
+        packed = self._packed_attention_kwargs(mb)
+        if self.cfg.logprob_chunk_tokens and not with_entropy:
+            chunk = self.cfg.logprob_chunk_tokens
+            return model.packed_logprobs(ids_1T, pos_1T, logit_index_R, targets_R, chunk, **packed), None
         logits_1RV = model(
-            input_ids=mb.input_ids_1T.to(self.device),
-            position_ids=mb.position_ids_1T.to(self.device),
-            use_cache=False,
-            logits_to_keep=mb.logit_index_R.to(self.device),
-            **packed,
+            input_ids=ids_1T, position_ids=pos_1T, use_cache=False, logits_to_keep=logit_index_R, **packed
         ).logits
-        targets_R = mb.targets_R.to(self.device)
         if with_entropy:
             return token_logprobs_and_entropy(logits_1RV[0], targets_R)
         return token_logprobs(logits_1RV[0], targets_R), None
+
+    def _packed_attention_kwargs(self, mb: Packed) -> dict:
+        if self.cfg.attn_implementation != SDPA_VARLEN:
+            return {}
+        if not (self.cfg.flash_varlen and self.device.type == "cuda"):
+            return {"packed_seq_lens": mb.seq_lens}
+        cu_seqlens = torch.tensor([0, *itertools.accumulate(mb.seq_lens)], dtype=torch.int32)
+        return {"packed_seq_lens": mb.seq_lens, "packed_cu_seqlens": cu_seqlens.to(self.device)}
 
     def _dummy_logits(self, model: nn.Module) -> Tensor:
         one_11 = torch.zeros(1, 1, dtype=torch.long, device=self.device)

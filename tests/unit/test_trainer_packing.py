@@ -51,3 +51,38 @@ def test_sdpa_varlen_packed_logprobs_equal_unpacked_sdpa(tiny_model):
             p = len(s.prompt_ids)
             expected = torch.stack([logp[p + j - 1, t] for j, t in enumerate(s.response_ids)])
             assert (got[offsets[i] : offsets[i + 1]] - expected).abs().max() < 1e-5
+
+
+def _reference_flash_varlen(q_THD, k_TKD, v_TKD, cu_seqlens_S1, max_len, scale):
+    """What aten's flash varlen kernel computes (it needs CUDA): causal sdpa per [cu[i], cu[i+1]) span."""
+    cu = cu_seqlens_S1.tolist()
+    assert max_len == max(b - a for a, b in zip(cu, cu[1:]))
+    outs = [
+        torch.nn.functional.scaled_dot_product_attention(
+            *(x[a:b].transpose(0, 1) for x in (q_THD, k_TKD, v_TKD)), is_causal=True, scale=scale, enable_gqa=True
+        ).transpose(0, 1)
+        for a, b in zip(cu, cu[1:])
+    ]
+    return torch.cat(outs)
+
+
+def test_flash_varlen_row_equals_per_sequence_sdpa(tiny_model, monkeypatch):
+    """The one-call path's layout and cu_seqlens plumbing, with the CUDA kernel replaced by its definition."""
+    from services.trainer import attention
+
+    model = load_model(str(tiny_model), torch.float32, SDPA_VARLEN)
+    seqs = _random_seqs(6, seed=2, vocab=model.config.vocab_size)
+    mb = plan(seqs, world=1, max_tokens=64)[0][0]
+    cu_seqlens = torch.tensor([0, *torch.tensor(mb.seq_lens).cumsum(0).tolist()], dtype=torch.int32)
+    calls = []
+    monkeypatch.setattr(attention, "flash_varlen_supported", lambda q: True)
+    monkeypatch.setattr(attention, "_flash_varlen_forward", lambda *a: calls.append(1) or _reference_flash_varlen(*a))
+
+    def logits(**packed):
+        with torch.no_grad():
+            ids, pos = mb.input_ids_1T, mb.position_ids_1T
+            return model(input_ids=ids, position_ids=pos, use_cache=False, packed_seq_lens=mb.seq_lens, **packed).logits
+
+    flash = logits(packed_cu_seqlens=cu_seqlens)
+    assert len(calls) == model.config.num_hidden_layers
+    assert (flash - logits()).abs().max() < 1e-5
