@@ -55,10 +55,21 @@ TRAINER_DEFAULTS = {
     "clip_eps": 0.2, "kl_beta": 0.0, "max_tokens_per_microbatch": 16384, "loss": "grpo", "clip_eps_low": 0.2,
     "clip_eps_high": 0.28, "dr_grpo_norm_tokens": 0, "kl_estimator": "k3", "entropy_coef": 0.0,
     "importance_sampling": "off", "is_truncation": 2.0, "dtype": "bfloat16", "activation_checkpointing": "off",
-    "cpu_offload": False, "ref_cpu_offload": False, "attn_implementation": "sdpa_varlen",
+    "cpu_offload": False, "ref_cpu_offload": False, "attn_implementation": "sdpa_varlen", "flash_varlen": True,
+    "logprob_chunk_tokens": 0, "compile_layers": False,
 }  # fmt: skip
-# Tried in order until one runs: OOM falls back to selective recomputation, a failing attention path to sdpa.
-ENGINE_ATTEMPTS = [("sdpa_varlen", "off"), ("sdpa_varlen", "selective"), ("sdpa", "selective")]
+# Every variant runs (--variants picks them); the fastest is the headline, each one's numbers are kept.
+FUSED = {"attn_implementation": "sdpa_varlen", "flash_varlen": True, "logprob_chunk_tokens": 4096}
+VARIANTS = {
+    "compiled": {**FUSED, "compile_layers": True},  # + inductor-fused RMSNorm / SwiGLU / head softmax
+    "fused": FUSED,  # one flash varlen call per row, fused chunked lm_head logprobs
+    "per_sequence": {"attn_implementation": "sdpa_varlen", "flash_varlen": False},  # the first engine
+}
+# Only when every chosen variant failed: selective recomputation (an OOM), then plain sdpa (an attention error).
+FALLBACKS = {
+    "fused_selective": {**FUSED, "activation_checkpointing": "selective"},
+    "sdpa_selective": {"attn_implementation": "sdpa", "activation_checkpointing": "selective"},
+}
 
 
 def log(msg: str) -> None:
@@ -156,27 +167,21 @@ def summary(times: list[float], num_tokens: int, num_params: int, world: int, de
     }
 
 
-def run_engine(shape: str, batch, args, device: torch.device, attn: str, ac: str) -> dict:
+def run_engine(shape: str, batch, args, device: torch.device, options: dict) -> dict:
     from services.trainer.build import assemble_engine
 
     seqs, advantages, rollout = batch
     world = dist.get_world_size()
-    cfg = trainer_config(
-        num_ranks=world,
-        attn_implementation=attn,
-        activation_checkpointing=ac,
-        max_tokens_per_microbatch=args.max_tokens,
-        dtype=args.dtype,
-    )
-    model = qwen2(shape, attn, device)
+    options = {"max_tokens_per_microbatch": args.max_tokens, "dtype": args.dtype, **options}
+    cfg = trainer_config(num_ranks=world, **options)
+    model = qwen2(shape, cfg.attn_implementation, device)
     num_params = sum(p.numel() for p in model.parameters())
     engine = assemble_engine(model, None, cfg, Path(tempfile.gettempdir()), device)
     check = engine.logprobs(seqs[: args.check_seqs])
     times = timed(lambda: engine.train(seqs, advantages, rollout), args, device)
     num_tokens = sum(s.num_tokens for s in seqs)
     out = summary(times, num_tokens, num_params, world, device)
-    out.update(attn_implementation=attn, activation_checkpointing=ac, params=num_params, num_tokens=num_tokens)
-    out["check_logprobs"] = [t.tolist() for t in check]
+    out.update(options, params=num_params, num_tokens=num_tokens, check_logprobs=[t.tolist() for t in check])
     return out
 
 
@@ -243,17 +248,33 @@ def attempt(name: str, fn, errors: dict, device: torch.device) -> dict | None:
         log(f"{name} failed: {errors[name]}")
         return None
     finally:
+        torch._dynamo.reset()  # compiled graphs would keep the finished variant's model alive
         reset_peak(device)
 
 
-def bench_engine(shape: str, batch, args, device: torch.device, errors: dict) -> dict | None:
-    for attn, ac in ENGINE_ATTEMPTS:
-        log(f"{shape} engine: attn={attn} activation_checkpointing={ac} dtype={args.dtype}")
-        run = functools.partial(run_engine, shape, batch, args, device, attn, ac)
-        result = attempt(f"engine_{shape}_{attn}_{ac}", run, errors, device)
-        if result is not None:
-            return result
-    return None
+def bench_engine(shape: str, batch, args, device: torch.device, errors: dict) -> tuple[dict | None, dict]:
+    """The fastest variant's result and every variant's tokens/s (None where it failed)."""
+    runs = {}
+    for name in args.variants.split(","):
+        if name not in VARIANTS:
+            raise ValueError(f"--variants must name some of {sorted(VARIANTS)}, got {name!r}")
+        log(f"{shape} engine {name}: {VARIANTS[name]} dtype={args.dtype}")
+        run = functools.partial(run_engine, shape, batch, args, device, VARIANTS[name])
+        runs[name] = attempt(f"engine_{shape}_{name}", run, errors, device)
+    for name, options in FALLBACKS.items():
+        if any(runs.values()):
+            break
+        log(f"{shape} engine fallback {name}: {options}")
+        run = functools.partial(run_engine, shape, batch, args, device, options)
+        runs[name] = attempt(f"engine_{shape}_{name}", run, errors, device)
+    done = {name: r for name, r in runs.items() if r is not None}
+    best = max(done, key=lambda name: done[name]["tokens_per_s"], default=None)
+    variants = {
+        name: r and {k: r[k] for k in ("tokens_per_s", "mfu", "step_s", "peak_mem_GiB")} for name, r in runs.items()
+    }
+    for name, v in variants.items():
+        log(f"{shape} {name}: " + (f"{v['tokens_per_s']:.0f} tok/s, MFU {v['mfu']:.3f}" if v else "failed"))
+    return (done[best] | {"variant": best} if best else None), variants
 
 
 def bench_model(shape: str, args, device: torch.device, results: dict) -> None:
@@ -263,7 +284,7 @@ def bench_model(shape: str, args, device: torch.device, results: dict) -> None:
     num_tokens = sum(s.num_tokens for s in batch[0])
     median = lens[len(lens) // 2]
     log(f"{shape}: {len(lens)} sequences, {num_tokens} tokens, responses {lens[0]}..{lens[-1]} (median {median})")
-    engine = bench_engine(shape, batch, args, device, results["errors"])
+    engine, variants = bench_engine(shape, batch, args, device, results["errors"])
     naive = None
     if not args.skip_naive:
         log(f"{shape} naive: padded micro-batches of {args.naive_batch}, autocast bf16, plain AdamW")
@@ -275,7 +296,8 @@ def bench_model(shape: str, args, device: torch.device, results: dict) -> None:
         if part:
             part.pop("check_logprobs")
     key = shape
-    results["configs"][key] = {"engine": engine, "naive": naive, "response_tokens": lens}
+    results["configs"][key] = {"engine": engine, "variants": variants, "naive": naive, "response_tokens": lens}
+    results[f"engine_variant_{key}"] = engine and engine["variant"]
     results[f"mfu_{key}"] = engine and engine["mfu"]
     results[f"tokens_per_s_{key}"] = engine and engine["tokens_per_s"]
     results[f"peak_mem_GiB_{key}"] = engine and engine["peak_mem_GiB"]
@@ -298,10 +320,10 @@ def scaling(args, device: torch.device, results: dict) -> None:
     shape, world = ("tiny" if args.smoke else "1p5b"), dist.get_world_size()
     key = f"{world}gpu_{shape}"
     batch = rl_batch(args, 512 if args.smoke else QWEN2["vocab_size"])
-    engine = bench_engine(shape, batch, args, device, results["errors"])
+    engine, variants = bench_engine(shape, batch, args, device, results["errors"])
     if engine:
         engine.pop("check_logprobs")
-    results["configs"][key] = {"engine": engine}
+    results["configs"][key] = {"engine": engine, "variants": variants}
     results[f"tokens_per_s_{key}"] = engine and engine["tokens_per_s"]
     results[f"mfu_{key}"] = engine and engine["mfu"]
     single = results.get(f"tokens_per_s_{shape}")
@@ -319,6 +341,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--min-response", type=int, default=64)
     p.add_argument("--max-response", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=16384, help="engine's max_tokens_per_microbatch")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"engine variants, of {','.join(VARIANTS)}")
     p.add_argument("--naive-batch", type=int, default=4, help="sequences per naive padded micro-batch")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--warmup", type=int, default=1)
@@ -330,6 +353,8 @@ def parse_args() -> argparse.Namespace:
     if args.smoke:
         args.models, args.num_prompts, args.group, args.prompt_tokens = "tiny", 4, 4, 16
         args.min_response, args.max_response, args.max_tokens, args.steps = 8, 64, 256, 1
+        if "--variants" not in sys.argv:  # inductor on two CPU cores takes minutes; compile is a GPU option
+            args.variants = "fused,per_sequence"
     smoke_out = Path(tempfile.gettempdir()) / "trainer_smoke.json"
     args.out = Path(args.out or (smoke_out if args.smoke else ROOT / "bench/results/trainer.json"))
     return args
