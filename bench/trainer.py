@@ -4,10 +4,11 @@
     torchrun --nproc-per-node 2 bench/trainer.py --scaling    # the 1.5B engine over 2 GPUs, merged in
     python bench/trainer.py --smoke                           # tiny model on CPU: checks the script
 
-Engine (services/trainer, in-process): packed rows with one causal sdpa call per sequence, bf16
-compute over fp32 master weights (FSDP2 MixedPrecisionPolicy), fused AdamW, logits for response tokens
-only. Naive: the same transformers model under autocast bf16, right-padded micro-batches of
---naive-batch sequences, full logits, torch.optim.AdamW(foreach=False, fused=False). Both run one
+Engine (services/trainer, in-process): packed rows, bf16 compute over fp32 master weights (FSDP2
+MixedPrecisionPolicy), fused AdamW, logits for response tokens only; in the variants of VARIANTS (flash
+varlen attention per row, fused chunked logprob head, compiled norms and MLP), the fastest reported.
+Naive: the same transformers model under autocast bf16, right-padded micro-batches of --naive-batch
+sequences, full logits, torch.optim.AdamW(foreach=False, fused=False). Both run one
 forward+backward per token (one optimizer step per batch needs no separate old-logprob pass), so the
 speedup is the engine's alone. MFU = 6 * params * tokens / step time / 989e12 (dense bf16 peak).
 Writes bench/results/trainer.json; a failing configuration leaves its error there and null numbers.
