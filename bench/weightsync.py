@@ -172,21 +172,23 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
 
 
 def _source(peer: Peer, backend: str, plan, num_buffers: int):
+    # Keys per phase: a key left by the previous shape would hand the receiver stale handles.
+    key = f"{backend}/{peer.phase}"
     if backend == "cuda_ipc":
         from services.weightsync.cuda_ipc import IpcBuffer, shared_ring
 
         if peer.rank == 0:
             ring, shared = shared_ring(plan, torch.device("cuda", 0), num_buffers)
-            peer.store.set("ipc", json.dumps([_b64(b) for b in shared]))
+            peer.store.set(key, json.dumps([_b64(b) for b in shared]))
             return types.SimpleNamespace(ipc_buffers=shared), ring
-        shared = [IpcBuffer(**_unb64(d)) for d in json.loads(peer.store.get("ipc"))]
+        shared = [IpcBuffer(**_unb64(d)) for d in json.loads(peer.store.get(key))]
         return types.SimpleNamespace(ipc_buffers=shared), None
     if backend == "ucxx":
         from services.weightsync.ucxx_pull import bucket_server
 
         if peer.rank == 0:
-            peer.store.set("ucxx", bucket_server("127.0.0.1").address)
-        return types.SimpleNamespace(ucxx_address=peer.store.get("ucxx").decode()), None
+            peer.store.set(key, bucket_server("127.0.0.1").address)
+        return types.SimpleNamespace(ucxx_address=peer.store.get(key).decode()), None
     return None, None
 
 
