@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -297,3 +298,15 @@ def _toml_value(value: object) -> str:
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return repr(value)
+
+
+def config_from_cli(
+    description: str, parser: argparse.ArgumentParser | None = None
+) -> tuple[RunConfig, argparse.Namespace]:
+    """`--config FILE` plus dotted overrides, the command line of every service entrypoint."""
+    parser = parser or argparse.ArgumentParser()
+    parser.description = description
+    parser.add_argument("--config", default=None, help="run TOML")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-4")
+    args = parser.parse_args()
+    return load_config(args.config, args.overrides), args

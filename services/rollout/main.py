@@ -4,14 +4,11 @@ import argparse
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default=None)
-    parser.add_argument("--worker-index", type=int, default=0)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    from services.common.config import load_config
+    from services.common.config import config_from_cli
 
-    cfg = load_config(args.config, args.overrides)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker-index", type=int, default=0, help="this worker's index among rollout.num_workers")
+    cfg, args = config_from_cli(__doc__, parser)
     from .server import serve
 
     serve(cfg, args.worker_index)

@@ -1,16 +1,10 @@
 """Entrypoint of one trainer rank: torchrun --standalone --nproc-per-node N -m services.trainer.main ..."""
 
-import argparse
-
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default=None)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    from services.common.config import load_config
+    from services.common.config import config_from_cli
 
-    cfg = load_config(args.config, args.overrides)
+    cfg, _ = config_from_cli(__doc__)
     from .server import serve
 
     serve(cfg)
