@@ -102,6 +102,10 @@ def run_grpo(args, num_gpus: int, work: Path) -> Path:
         f"coordinator.num_samples={args.samples}",
         f"coordinator.max_tokens={args.max_tokens}",
         "trainer.max_tokens_per_microbatch=16384",
+        # bf16 compute over fp32 master weights; the engines hold bf16, so refit sends bf16.
+        'trainer.dtype="bfloat16"',
+        'trainer.attn_implementation="sdpa_varlen"',
+        'weightsync.cast_dtype="bfloat16"',
         "weightsync.timeout_s=600",
     ]
     subprocess.run([sys.executable, "-m", "deploy.local", *overrides], cwd=ROOT, check=True, timeout=1800)
