@@ -9,13 +9,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
 from . import checksum as cs
 
-TransportName = Literal["gloo", "nccl", "cuda_ipc", "ucxx"]
 TRANSPORTS: tuple[str, ...] = ("gloo", "nccl", "cuda_ipc", "ucxx")
 
 
