@@ -28,7 +28,7 @@ class Engine(Protocol):
         """Replace the weights in place (HF names); the engine keeps running."""
 
     def read_weights(self) -> dict[str, torch.Tensor]:
-        """The weights the engine holds, in HF names and shapes, where it lets them be read."""
+        """The weights the engine holds (views, not copies), in HF names, where it lets them be read."""
 
 
 def make_engine(cfg: RolloutSection, model_path: str, seed: int) -> Engine:

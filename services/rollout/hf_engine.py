@@ -77,4 +77,4 @@ class HFEngine:
                 params[name].copy_(t)
 
     def read_weights(self) -> dict[str, torch.Tensor]:
-        return {n: t.detach().clone() for n, t in self.model.state_dict().items()}
+        return {n: t.detach() for n, t in self.model.state_dict().items()}

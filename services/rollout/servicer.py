@@ -62,6 +62,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         )
 
 
+# Tensors up to this size are read back and hashed on every refit (norms, biases, a small model
+# whole). Larger ones are covered by the bucket checksums of what arrived: hashing them on the host
+# each refit would cost more than the transfer itself.
+READBACK_MAX_NUMEL = 2**22
+
+
 def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.TensorSpec]) -> dict[str, str]:
     """Checksums of the engine's tensors under the manifest's names, where the engine exposes them.
 
@@ -70,7 +76,7 @@ def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.Te
     out = {}
     for s in specs:
         t = held.get(s.name)
-        if t is None:
+        if t is None or t.numel() > READBACK_MAX_NUMEL:
             continue
         shape = tuple(s.shape)
         if tuple(t.shape) != shape and t.shape[1:] == shape[1:] and t.shape[0] >= shape[0]:

@@ -13,4 +13,4 @@ class WeightLoaderExtension:
 
     def read_named(self) -> dict[str, torch.Tensor]:
         # Packed (oneDNN) weights show up as empty tensors; only the readable ones are returned.
-        return {n: p.detach().clone() for n, p in self.model_runner.model.named_parameters() if p.numel() > 0}
+        return {n: p.detach() for n, p in self.model_runner.model.named_parameters() if p.numel() > 0}
