@@ -11,7 +11,6 @@ from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weightsync_pb2, weight
 from services.common.grpcio import channel, wait_healthy
 from services.common.ports import free_port
 from services.weightsync.client import RefitError, publish
-from services.weightsync.manifest import tensor_checksum
 
 UCX_ENV = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
@@ -83,8 +82,6 @@ def test_refit_is_verified_bit_for_bit(services, tiny_model, redis_url, engine):
         with channel(address) as ch:
             info = rollout_pb2_grpc.RolloutStub(ch).Info(rollout_pb2.InfoRequest(), timeout=5)
         assert info.policy_version == 2
-    named = dict(_new_weights(tiny_model, seed=2))
-    assert tensor_checksum(named["model.norm.weight"]) != tensor_checksum(torch.zeros(1))
 
 
 def test_malformed_rpcs_get_invalid_argument_and_server_stays_up(services, tiny_model, redis_url):

@@ -5,9 +5,10 @@ import random
 
 import pytest
 import torch
+from random_seqs import random_seqs
 
 from services.trainer.losses import grpo_token_loss, k3_kl, mult_prob_error, token_logprobs
-from services.trainer.packing import Seq, plan, response_offsets, split_microbatches, split_ranks
+from services.trainer.packing import plan, response_offsets, split_microbatches, split_ranks
 
 
 def _rand(n: int, seed: int, scale: float = 1.0) -> list[float]:
@@ -68,19 +69,8 @@ def test_mult_prob_error_matches_loop():
     assert mult_prob_error(same, same, torch.ones(40)).item() == 1.0
 
 
-def _random_seqs(num: int, seed: int, vocab: int) -> list[Seq]:
-    rng = random.Random(seed)
-    return [
-        Seq(
-            [rng.randrange(vocab) for _ in range(rng.randint(1, 9))],
-            [rng.randrange(vocab) for _ in range(rng.randint(1, 9))],
-        )
-        for _ in range(num)
-    ]
-
-
 def test_rank_split_is_balanced_and_microbatches_cover_every_sequence_once():
-    seqs = _random_seqs(23, seed=0, vocab=50)
+    seqs = random_seqs(23, seed=0, vocab=50)
     lengths = [s.num_tokens for s in seqs]
     for world in (1, 2, 3):
         ranks = split_ranks(lengths, world)
@@ -104,7 +94,7 @@ def test_packed_logprobs_equal_unpacked(tiny_model):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="sdpa")
     vocab = model.config.vocab_size
-    seqs = _random_seqs(9, seed=1, vocab=vocab)
+    seqs = random_seqs(9, seed=1, vocab=vocab)
     offsets = response_offsets(seqs)
     got = torch.full((offsets[-1],), float("nan"))
     with torch.no_grad():

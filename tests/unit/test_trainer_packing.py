@@ -1,28 +1,16 @@
 """Packed rows through the sdpa_varlen attention equal each sequence run alone."""
 
-import random
-
 import torch
+from random_seqs import random_seqs
 
 from services.trainer.attention import SDPA_VARLEN
 from services.trainer.build import load_model
 from services.trainer.losses import token_logprobs
-from services.trainer.packing import Seq, plan, response_offsets
-
-
-def _random_seqs(num: int, seed: int, vocab: int) -> list[Seq]:
-    rng = random.Random(seed)
-    return [
-        Seq(
-            [rng.randrange(vocab) for _ in range(rng.randint(1, 9))],
-            [rng.randrange(vocab) for _ in range(rng.randint(1, 9))],
-        )
-        for _ in range(num)
-    ]
+from services.trainer.packing import plan, response_offsets
 
 
 def test_rows_carry_sequence_lengths_and_segments():
-    seqs = _random_seqs(7, seed=3, vocab=50)
+    seqs = random_seqs(7, seed=3, vocab=50)
     for mb in (mb for rank in plan(seqs, world=2, max_tokens=20) for mb in rank):
         assert sum(mb.seq_lens) == mb.input_ids_1T.shape[1]
         assert mb.seq_lens == tuple(seqs[i].num_tokens for i in mb.seq_indices)
@@ -33,7 +21,7 @@ def test_rows_carry_sequence_lengths_and_segments():
 def test_sdpa_varlen_packed_logprobs_equal_unpacked_sdpa(tiny_model):
     varlen = load_model(str(tiny_model), torch.float32, SDPA_VARLEN)
     plain = load_model(str(tiny_model), torch.float32, "sdpa")
-    seqs = _random_seqs(9, seed=1, vocab=varlen.config.vocab_size)
+    seqs = random_seqs(9, seed=1, vocab=varlen.config.vocab_size)
     offsets = response_offsets(seqs)
     got = torch.full((offsets[-1],), float("nan"))
     with torch.no_grad():
@@ -71,7 +59,7 @@ def test_flash_varlen_row_equals_per_sequence_sdpa(tiny_model, monkeypatch):
     from services.trainer import attention
 
     model = load_model(str(tiny_model), torch.float32, SDPA_VARLEN)
-    seqs = _random_seqs(6, seed=2, vocab=model.config.vocab_size)
+    seqs = random_seqs(6, seed=2, vocab=model.config.vocab_size)
     mb = plan(seqs, world=1, max_tokens=64)[0][0]
     cu_seqlens = torch.tensor([0, *torch.tensor(mb.seq_lens).cumsum(0).tolist()], dtype=torch.int32)
     calls = []
