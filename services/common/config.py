@@ -100,6 +100,13 @@ class RolloutSection(_Section):
 
 
 class TrainerSection(_Section):
+    backend: Literal["fsdp2", "megatron"] = "fsdp2"
+    """fsdp2 (HF model sharded by FSDP2; CPU or GPU) or megatron (megatron-core GPTModel with tensor and pipeline
+    parallelism, distributed optimizer; one CUDA GPU per rank, Python >= 3.12)."""
+    tensor_parallel: int = Field(default=1, ge=1)
+    """Megatron tensor-parallel size (heads, kv groups, MLP and vocabulary split over this many ranks)."""
+    pipeline_parallel: int = Field(default=1, ge=1)
+    """Megatron pipeline-parallel size (layers split into this many stages); data parallel takes the rest."""
     host: str = "127.0.0.1"
     """Interface rank 0's gRPC service binds to."""
     num_ranks: int = Field(default=2, ge=1)
@@ -162,6 +169,21 @@ class TrainerSection(_Section):
     compile_layers: bool = False
     """torch.compile (dynamic shapes) every decoder layer's RMSNorms and MLP and the fused head's softmax math,
     fusing their pointwise ops; GPU (CPU needs a C++ compiler and compiles slowly)."""
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> TrainerSection:
+        if self.backend == "fsdp2":
+            if self.tensor_parallel > 1 or self.pipeline_parallel > 1:
+                raise ValueError("trainer.tensor_parallel / pipeline_parallel > 1 need trainer.backend = 'megatron'")
+            return self
+        if self.num_ranks % (self.tensor_parallel * self.pipeline_parallel):
+            raise ValueError("trainer.num_ranks must be a multiple of tensor_parallel * pipeline_parallel")
+        fsdp2_only = [k for k in ("cpu_offload", "ref_cpu_offload", "compile_layers") if getattr(self, k)]
+        if fsdp2_only:
+            raise ValueError(f"trainer.{fsdp2_only[0]} is an FSDP2 option; the megatron backend does not take it")
+        if self.entropy_coef > 0 and self.tensor_parallel > 1:
+            raise ValueError("trainer.entropy_coef > 0 needs tensor_parallel = 1 with the megatron backend")
+        return self
 
 
 class WeightsyncSection(_Section):

@@ -35,6 +35,10 @@ _SAVED_OPS = (
 def build_engine(cfg: RunConfig, device: torch.device) -> Engine:
     """Load the policy (and the reference when kl_beta > 0) from model.path, sharded over all ranks."""
     torch.manual_seed(cfg.run.seed)
+    if cfg.trainer.backend == "megatron":
+        from .megatron.engine import build  # megatron-core: GPU machines only
+
+        return build(cfg, device)
     trainer = cfg.trainer
     if trainer.loss == "dr_grpo" and not trainer.dr_grpo_norm_tokens:
         trainer = trainer.model_copy(update={"dr_grpo_norm_tokens": cfg.coordinator.max_tokens})

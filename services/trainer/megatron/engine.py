@@ -1,0 +1,240 @@
+"""The Megatron-core engine: the FSDP2 Engine's surface (train / logprobs / full_state_dict / save) over a
+GPTModel split by tensor and pipeline parallelism, DDP + distributed optimizer across the remaining ranks.
+
+Every rank of a data-parallel replica runs the same micro-batches (its share of the batch, packed and
+token-bounded as in the FSDP2 backend) through Megatron's pipeline schedule; the last pipeline stage
+computes the loss with the same pure objective.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from torch import Tensor
+
+from .. import checkpoint
+from ..engine import BatchTokens, Engine
+from ..losses import mult_prob_error, token_logprobs_and_entropy
+from ..objective import TokenInputs, token_objective
+from ..packing import Packed, Seq, pack, plan, response_offsets
+from . import head, mapping
+from . import model as mm
+from .attention import PackedRow, rope_tables
+
+if TYPE_CHECKING:
+    from services.common.config import RunConfig, TrainerSection
+
+_DEFAULT_CHUNK = 4096
+
+
+class MegatronEngine(Engine):
+    def __init__(self, model, ref_model, optimizer, cfg: TrainerSection, model_dir: Path, device, shape, lay):
+        self.model, self.ref_model, self.optimizer = model, ref_model, optimizer
+        self.cfg, self.model_dir, self.device = cfg, model_dir, device
+        self.shape, self.layout = shape, lay
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.vocab_size = shape.vocab_size
+        self.policy_version = 0
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.last_stage = ps.is_pipeline_last_stage()
+        # One rank per replica's last stage writes each token's values, so a world sum gathers them.
+        self.writer = self.last_stage and ps.get_tensor_model_parallel_rank() == 0
+        self.chunk = cfg.logprob_chunk_tokens or _DEFAULT_CHUNK
+        self.dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+        self._dummy = pack([Seq([0], [0])], [0], [0, 1])
+
+    # -- the micro-batch plan and one packed row ---------------------------------------------------------
+
+    def _plan(self, seqs: list[Seq]) -> list[list[Packed | None]]:
+        plans = plan(seqs, self.dp_size, self.cfg.max_tokens_per_microbatch)
+        num_steps = max(1, max(len(p) for p in plans))  # every rank joins the gradient reduction
+        return [p + [None] * (num_steps - len(p)) for p in plans]
+
+    def _row(self, mb: Packed) -> tuple[Tensor, Tensor, PackedRow]:
+        dev = self.device
+        ids_1T, pos_1T = mb.input_ids_1T.to(dev, non_blocking=True), mb.position_ids_1T.to(dev, non_blocking=True)
+        cu = torch.tensor([0, *itertools.accumulate(mb.seq_lens)], dtype=torch.int32, device=dev)
+        cos, sin = rope_tables(pos_1T[0], self.shape.head_dim, self.shape.rope_theta, self.dtype)
+        max_len = max(mb.seq_lens)
+        row = PackedRow(
+            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max_len, max_seqlen_kv=max_len,
+            cos_T1D=cos, sin_T1D=sin,
+        )  # fmt: skip
+        return ids_1T, pos_1T, row
+
+    def _head(self, *, hidden_states: Tensor, output_layer, output_weight, context, **_) -> Tensor:
+        """GPTModel's output processor: logprobs ([R], or [2, R] with entropies) of the row's response tokens."""
+        logit_index_R, targets_R, with_entropy = context
+        hidden_RD = hidden_states[logit_index_R, 0]
+        weight_VD = output_weight if output_weight is not None else output_layer.weight
+        if with_entropy:  # tensor_parallel == 1 (checked by the config)
+            return torch.stack(token_logprobs_and_entropy(hidden_RD @ weight_VD.t(), targets_R))
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        return head.token_logprobs(hidden_RD, weight_VD, targets_R, self.chunk, tp_rank, self.tp_group)
+
+    def _run(self, model, mbs: list[Packed | None], loss_fn, forward_only: bool, with_entropy: bool = False) -> None:
+        """Megatron's schedule over the micro-batches; loss_fn(mb, output) runs on the last stage."""
+
+        def forward_step(data_iterator, model):
+            mb = next(data_iterator)
+            ids_1T, pos_1T, row = self._row(mb or self._dummy)
+            ctx = ((mb or self._dummy).logit_index_R.to(self.device), (mb or self._dummy).targets_R.to(self.device))
+            out = model(
+                input_ids=ids_1T, position_ids=pos_1T, attention_mask=None, packed_seq_params=row,
+                output_processor=self._head, output_processor_context=(*ctx, with_entropy),
+            )  # fmt: skip
+            return out, functools.partial(loss_fn, mb)
+
+        get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(mbs), model=[model], num_microbatches=len(mbs),
+            seq_length=max((m or self._dummy).input_ids_1T.shape[1] for m in mbs), micro_batch_size=1,
+            forward_only=forward_only,
+        )  # fmt: skip
+
+    # -- Engine hooks ----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _flat_logprobs(self, model, seqs: list[Seq], plans: list[list[Packed | None]]) -> Tensor:
+        out_N = torch.zeros(response_offsets(seqs)[-1], device=self.device)
+
+        def store(mb, output):
+            if mb is not None and self.writer:
+                out_N[mb.token_index_R.to(self.device)] = output.float()
+            return output.sum() * 0.0, torch.ones((), dtype=torch.int, device=self.device), {}
+
+        model.eval()
+        self._run(model, plans[self.dp_rank], store, forward_only=True)
+        dist.all_reduce(out_N)
+        return out_N
+
+    def _step(self, plans: list[list[Packed | None]], batch: BatchTokens) -> dict[str, float]:
+        old_N = torch.zeros_like(batch.rollout_logp_N)
+        sums_4 = torch.zeros(4, device=self.device)
+        with_entropy = self.cfg.entropy_coef > 0
+
+        def loss(mb, output):
+            one = torch.ones((), dtype=torch.int, device=self.device)
+            if mb is None:
+                return output.sum() * 0.0, one, {}
+            logp_R, entropy_R = (output[0], output[1]) if with_entropy else (output, None)
+            weighted, stats_4 = self._token_loss(mb, batch, logp_R, entropy_R)
+            if self.writer:
+                sums_4.add_(stats_4)
+                old_N[mb.token_index_R.to(self.device)] = logp_R.detach()
+            return weighted, one, {}
+
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self._run(self.model, plans[self.dp_rank], loss, forward_only=False, with_entropy=with_entropy)
+        finalize_model_grads([self.model], num_tokens=None)  # DP reduce-scatter, tied-embedding sync
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise FloatingPointError("Megatron optimizer skipped the step (non-finite gradients)")
+        dist.all_reduce(sums_4)
+        dist.all_reduce(old_N)
+        mismatch = mult_prob_error(old_N, batch.rollout_logp_N, torch.ones_like(old_N)).item()
+        metrics = self._loss_metrics(sums_4, old_N.numel())
+        return {**metrics, "grad_norm": float(grad_norm), "mismatch/mult_prob_error": mismatch}
+
+    def _token_loss(self, mb: Packed, batch: BatchTokens, logp_R: Tensor, entropy_R: Tensor | None):
+        idx_R = mb.token_index_R.to(self.device)
+        inputs = TokenInputs(
+            logp_R=logp_R,
+            old_logp_R=logp_R.detach(),  # one optimizer step per batch: pi_old is this forward's policy
+            advantages_R=batch.advantages_N[idx_R],
+            rollout_logp_R=batch.rollout_logp_N[idx_R],
+            ref_logp_R=None if batch.ref_logp_N is None else batch.ref_logp_N[idx_R],
+            entropy_R=entropy_R,
+            segment_R=mb.segment_R.to(self.device),
+            num_segments=len(mb.seq_indices),
+        )
+        terms = token_objective(self.cfg, inputs)
+        weighted_R = terms.loss_R * batch.weights_N[idx_R]
+        entropy_sum = torch.zeros((), device=self.device) if entropy_R is None else entropy_R.detach().sum()
+        sums = [weighted_R.detach().sum(), terms.kl_R.detach().sum(), entropy_sum, terms.is_weight_R.sum()]
+        stats = torch.stack(sums)
+        # Summed, not averaged: the schedule and DDP leave per-token losses unscaled (calculate_per_token_loss).
+        return weighted_R.sum(), stats
+
+    # -- weights out -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """The HF state dict (TP shards gathered, every stage's layers) on CPU on rank 0, {} elsewhere."""
+        module = self.model.module
+        tp = self.layout.tp_size
+        mine: dict[str, Tensor] = {}
+        for name, param in module.named_parameters():
+            if name == "output_layer.weight" and self.shape.tied:
+                continue  # a copy of the embedding on a last stage without it
+            shards = [param.data]
+            if tp > 1 and getattr(param, "tensor_model_parallel", False):
+                shards = [torch.empty_like(param.data) for _ in range(tp)]
+                dist.all_gather(shards, param.data.contiguous(), group=self.tp_group)
+            if self.dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0:
+                mine.update({k: v.cpu() for k, v in mapping.to_hf(name, shards, self.layout).items()})
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            parts = [None] * self.world if self.rank == 0 else None
+            dist.gather_object(mine, parts, dst=0)
+            mine = {k: v for p in parts or [] for k, v in p.items()}
+        if self.rank != 0:
+            return {}
+        if self.shape.tied:
+            mine["lm_head.weight"] = mine["model.embed_tokens.weight"]
+        return mine
+
+    def save(self, path: Path, train_state: bool = True) -> dict[str, str]:
+        if train_state:
+            raise ValueError("the megatron backend saves weights only (HF export); ask with weights_only")
+        sd = self.full_state_dict()
+        if self.rank != 0:
+            return {}
+        from services.weightsync.manifest import tensor_checksum
+
+        staging = checkpoint.staging_dir(path)
+        checkpoint.reset_dir(staging)
+        checkpoint.write_hf(sd, self.model_dir, staging)
+        checkpoint.publish_dir(staging, path)
+        return {name: tensor_checksum(t) for name, t in sd.items()}
+
+    def load(self, path: Path) -> int:
+        raise ValueError("the megatron backend restores from its HF export only: start the trainer on it")
+
+
+def build(cfg: RunConfig, device: torch.device) -> MegatronEngine:
+    """Policy (and reference when kl_beta > 0) from model.path's HF safetensors, in the TP / PP layout."""
+    trainer = cfg.trainer
+    if device.type != "cuda":
+        raise ValueError("trainer.backend=megatron needs a CUDA GPU per rank (megatron-core runs forward on CUDA)")
+    if trainer.loss == "dr_grpo" and not trainer.dr_grpo_norm_tokens:
+        trainer = trainer.model_copy(update={"dr_grpo_norm_tokens": cfg.coordinator.max_tokens})
+    return assemble(trainer, Path(cfg.model.path), device, cfg.run.seed)
+
+
+def assemble(trainer: TrainerSection, model_dir: Path, device: torch.device, seed: int = 0) -> MegatronEngine:
+    tp, pp = trainer.tensor_parallel, trainer.pipeline_parallel
+    mm.init_parallel(tp, pp, seed)
+    shape = mm.read_shape(model_dir)
+    bf16 = trainer.dtype == "bfloat16"
+    config = mm.transformer_config(shape, tp, pp, bf16, trainer.activation_checkpointing, dist.get_world_size())
+    lay = mm.layout(config, shape)
+    policy = mm.build_gpt(config, shape)
+    mm.load_hf(policy, model_dir, lay)
+    ref = None
+    if trainer.kl_beta > 0:
+        ref = mm.build_gpt(config, shape)
+        mm.load_hf(ref, model_dir, lay)
+        ref.requires_grad_(False).eval()
+    ddp = mm.wrap_ddp(policy, config)
+    opt = mm.optimizer(ddp, trainer.lr, trainer.weight_decay, trainer.max_grad_norm, bf16)
+    return MegatronEngine(ddp, ref, opt, trainer, model_dir, device, shape, lay)
