@@ -181,6 +181,8 @@ class TrainerSection(_Section):
         fsdp2_only = [k for k in ("cpu_offload", "ref_cpu_offload", "compile_layers") if getattr(self, k)]
         if fsdp2_only:
             raise ValueError(f"trainer.{fsdp2_only[0]} is an FSDP2 option; the megatron backend does not take it")
+        if self.dtype != "bfloat16":
+            raise ValueError("trainer.backend = 'megatron' computes in bfloat16 (flash attention): set trainer.dtype")
         if self.entropy_coef > 0 and self.tensor_parallel > 1:
             raise ValueError("trainer.entropy_coef > 0 needs tensor_parallel = 1 with the megatron backend")
         return self

@@ -122,8 +122,9 @@ def test_transformer_config_carries_the_hf_shape():
     [
         ({"tensor_parallel": 2}, "backend = 'megatron'"),
         ({"backend": "megatron", "num_ranks": 3, "tensor_parallel": 2}, "multiple"),
-        ({"backend": "megatron", "cpu_offload": True}, "FSDP2 option"),
-        ({"backend": "megatron", "tensor_parallel": 2, "entropy_coef": 0.01}, "entropy_coef"),
+        ({"backend": "megatron", "dtype": "bfloat16", "cpu_offload": True}, "FSDP2 option"),
+        ({"backend": "megatron", "dtype": "float32"}, "bfloat16"),
+        ({"backend": "megatron", "dtype": "bfloat16", "tensor_parallel": 2, "entropy_coef": 0.01}, "entropy_coef"),
     ],
 )
 def test_trainer_config_refuses_what_the_backend_cannot_do(fields, match):
