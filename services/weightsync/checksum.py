@@ -4,15 +4,18 @@ CRC-32 (zlib, 5 GiB/s on one core here against blake2b's 1.2) keeps the check of
 CPU refit; like any CRC it catches every burst error up to 32 bits and random corruption but for 2**-32.
 
 Moving a GPU bucket to the host only to hash it would cost more than the transfer, so device buckets
-use `sum64`: exact integer arithmetic (wrapping mod 2**64), identical on CPU and GPU, two reads of the
-bucket. It catches any changed word and any swap of two different words, which is what a transport
-can do wrong; it is not a cryptographic hash.
+use `sum64`: exact integer arithmetic (wrapping mod 2**64), identical on CPU and GPU. On CUDA a Triton
+kernel (sum64_triton.py) reads the bucket once, or computes it inside the copy that moves the bytes;
+elsewhere the torch reference does. It catches any changed word and any swap of two different words,
+which is what a transport can do wrong; it is not a cryptographic hash.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import zlib
+from types import ModuleType
 
 import torch
 
@@ -33,8 +36,34 @@ def combine(bucket_checksums: list[str]) -> str:
     return blake2b_hex("".join(bucket_checksums).encode())
 
 
+def kernels_for(t: torch.Tensor) -> ModuleType | None:
+    """The Triton kernels where they run for t: CUDA with triton installed, or TRITON_INTERPRET=1 (tests)."""
+    if not (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        return None
+    try:
+        from . import sum64_triton
+    except ImportError:  # a torch build without triton: the torch reference, two reads
+        return None
+    return sum64_triton
+
+
 def sum64(buf: torch.Tensor) -> torch.Tensor:
     """int64[3] on buf's device: plain sum, line-index-weighted sum, column-weighted sum of the words."""
+    kernels = kernels_for(buf)
+    return kernels.sum64(buf) if kernels else sum64_reference(buf)
+
+
+def copy_sum64(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """dst.copy_(src) and sum64(dst): one read and one write of the bytes where the kernels run."""
+    kernels = kernels_for(dst)
+    if kernels:
+        return kernels.copy_sum64(src, dst)
+    dst.copy_(src)
+    return sum64_reference(dst)
+
+
+def sum64_reference(buf: torch.Tensor) -> torch.Tensor:
+    """sum64 in torch (any device); the kernels must give the same values."""
     assert buf.dtype == torch.uint8 and buf.numel() % (8 * _LINE_WORDS) == 0, buf.shape
     words = buf.view(torch.int64).view(-1, _LINE_WORDS)
     lines = words.sum(1)
@@ -46,6 +75,13 @@ def sum64(buf: torch.Tensor) -> torch.Tensor:
 
 def sum64_hex(values: torch.Tensor) -> str:
     return "".join(f"{v & (2**64 - 1):016x}" for v in values.tolist())
+
+
+def digests(sums: list) -> list[str]:
+    """Hex digests of bucket checksums: strs as they are, device int64[3] tensors with one sync for all."""
+    if sums and isinstance(sums[0], torch.Tensor):
+        return [sum64_hex(v) for v in torch.stack(sums).cpu()]
+    return list(sums)
 
 
 def bucket_checksum(buf: torch.Tensor, algo: str) -> str:

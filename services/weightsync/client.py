@@ -108,14 +108,8 @@ def _send(reply, source, plan: TransferPlan, lookup: dict[str, torch.Tensor], ri
         return weightsync_pb2.CommitRequest(
             refit_id=reply.refit_id, error=f"sender: {type(e).__name__}: {text[0] if text else ''}"
         )
-    digests = _hex(sums)
+    digests = cs.digests(sums)
     return weightsync_pb2.CommitRequest(refit_id=reply.refit_id, bucket_checksums=digests, checksum=cs.combine(digests))
-
-
-def _hex(sums: list) -> list[str]:
-    if sums and isinstance(sums[0], torch.Tensor):
-        return [cs.sum64_hex(v) for v in torch.stack(sums).cpu()]  # one device sync for all buckets
-    return list(sums)
 
 
 def verify(results, sent_checksum: str, plan: TransferPlan, named: dict[str, torch.Tensor]) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
+from . import checksum as cs
 from .collective import group_store
 from .plan import TransferPlan
 
@@ -107,9 +108,11 @@ class CudaIpcTransport:
         for j in last:  # the next refit may overwrite any buffer
             self.wait_free(tag)(j)
 
-    def receive(self, index: int, out: torch.Tensor, tag: str) -> None:
+    def receive(self, index: int, out: torch.Tensor, tag: str) -> torch.Tensor:
+        """Copy bucket `index` out of the sender's ring, with its sum64 computed by the copy itself."""
         self._wait([f"{tag}/ready/{index}"], f"no bucket {index} from the sender")
         src = open_shared(self.buffers[index % len(self.buffers)])
-        out.copy_(src[: out.numel()])
+        summed = cs.copy_sum64(src[: out.numel()], out)
         torch.cuda.current_stream().synchronize()
         self.store.set(f"{tag}/done/{index}/{self.rank}", b"1")
+        return summed

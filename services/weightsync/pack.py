@@ -1,8 +1,8 @@
 """Pack buckets per plan into a ring of reusable buffers, ahead of the sender, and unpack them on arrival.
 
 On GPU the packing runs on a side stream: bucket i+1 is cast/fused/copied while bucket i is on the
-wire, with events instead of host waits. On CPU a packing thread does the same (copies and CRC-32
-release the GIL). Checksums are computed as buckets are packed, so they cost no extra pass.
+wire, with events instead of host waits, and the checksum rides on the packing copy (pack_sum64). On
+CPU a packing thread does the same (copies and CRC-32 release the GIL).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from . import checksum as cs
-from .plan import Slot, TransferPlan
+from .plan import ALIGN_BYTES, Slot, TransferPlan
 
 
 def slot_view(buf: torch.Tensor, slot: Slot) -> torch.Tensor:
@@ -23,16 +23,64 @@ def slot_view(buf: torch.Tensor, slot: Slot) -> torch.Tensor:
 
 def pack_into(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[str, torch.Tensor]) -> None:
     """Write bucket `index` into buf: casts on copy, fused tensors as row ranges of their slot."""
-    size = plan.bucket_nbytes[index]
-    last = plan.by_bucket[index][-1]
-    buf[last.offset + last.nbytes : size].zero_()  # alignment padding: checksums read it
+    _zero_padding(buf, plan, index)
+    for src, dst in _pieces(buf, plan, index, lookup):
+        dst.copy_(src, non_blocking=True)
+
+
+def pack_sum64(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[str, torch.Tensor]) -> torch.Tensor:
+    """pack_into, returning the bucket's sum64; where the kernels run, sources are copied by the
+    checksumming kernel, so the bytes are read once and written once.
+
+    sum64 is a sum of per-word terms, so the bucket's value is the sum of its pieces' values given each
+    piece's first line (padding is zeroed). A piece that starts inside a 64-byte line or is not whole
+    words (a fused tensor split at an odd row) sends the bucket the two-step way: pack, then one read.
+    A source that must be cast or lives elsewhere is copied by torch, then summed where it landed.
+    """
+    kernels = cs.kernels_for(buf)
+    pieces = _pieces(buf, plan, index, lookup)
+    spans = [(_byte_offset(dst, buf), dst.numel() * dst.element_size()) for _, dst in pieces]
+    if kernels is None or any(offset % ALIGN_BYTES or nbytes % 8 for offset, nbytes in spans):
+        pack_into(buf, plan, index, lookup)
+        return cs.sum64(buf)
+    _zero_padding(buf, plan, index)
+    work = []
+    for (src, dst), (offset, nbytes) in zip(pieces, spans):
+        src_words = kernels.words(src) if src.device == buf.device and src.dtype == dst.dtype else None
+        if src_words is None:
+            dst.copy_(src, non_blocking=True)
+        work.append((src_words, buf[offset : offset + nbytes].view(torch.int64), offset // ALIGN_BYTES))
+    return kernels.sum64_pieces(work)
+
+
+def _pieces(buf, plan: TransferPlan, index: int, lookup) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(sender tensor, where it goes in buf at the slot's dtype) for every sender tensor of the bucket."""
+    out = []
     for slot in plan.by_bucket[index]:
         dst, row = slot_view(buf, slot), 0
-        for name in slot.sources:
+        if len(slot.sources) == 1:
+            out.append((lookup[slot.sources[0]].detach(), dst))
+            continue
+        for name in slot.sources:  # fused: row ranges of the slot, in order
             src = lookup[name].detach()
-            rows = src.shape[0] if len(slot.sources) > 1 else None
-            (dst[row : row + rows] if rows is not None else dst).copy_(src, non_blocking=True)
-            row += rows or 0
+            out.append((src, dst[row : row + src.shape[0]]))
+            row += src.shape[0]
+    return out
+
+
+def _byte_offset(view: torch.Tensor, buf: torch.Tensor) -> int:
+    return view.data_ptr() - buf.data_ptr()
+
+
+def _zero_padding(buf: torch.Tensor, plan: TransferPlan, index: int) -> None:
+    """Zero the bytes between and after the slots: checksums read them."""
+    end = 0
+    for slot in plan.by_bucket[index]:
+        if slot.offset > end:
+            buf[end : slot.offset].zero_()
+        end = slot.offset + slot.nbytes
+    if end < plan.bucket_nbytes[index]:
+        buf[end : plan.bucket_nbytes[index]].zero_()
 
 
 def expected_tensor(slot: Slot, lookup: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -106,9 +154,7 @@ def _device_ring(plan, lookup, ring, sums, wait_free) -> Iterator[tuple[int, tor
         with torch.cuda.stream(side):
             if freed[k] is not None:
                 side.wait_event(freed[k])
-            buf = ring[k][: plan.bucket_nbytes[j]]
-            pack_into(buf, plan, j, lookup)
-            sums.append(cs.sum64(buf))
+            sums.append(pack_sum64(ring[k][: plan.bucket_nbytes[j]], plan, j, lookup))
             ready[j] = side.record_event()
 
     for j in range(len(ring) - 1):

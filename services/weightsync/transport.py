@@ -25,8 +25,8 @@ class WeightTransport(Protocol):
     def send(self, buckets: Iterable[tuple[int, torch.Tensor]], tag: str) -> None:
         """Send (index, bucket) in order; `tag` names the refit (keys, pull requests)."""
 
-    def receive(self, index: int, out: torch.Tensor, tag: str) -> None:
-        """Fill `out` with bucket `index` of refit `tag`."""
+    def receive(self, index: int, out: torch.Tensor, tag: str) -> torch.Tensor | None:
+        """Fill `out` with bucket `index` of refit `tag`; return its sum64 if the copy computed it."""
 
 
 def resolve(name: str) -> str:
@@ -86,17 +86,23 @@ def drop_group(group) -> None:
 def receive_buckets(
     transport: WeightTransport, sizes: list[int], algo: str, tag: str
 ) -> tuple[list[torch.Tensor], list[str]]:
-    """Receive every bucket into fresh buffers, checksumming each while the next one arrives."""
+    """Receive every bucket into fresh buffers, checksumming each while the next one arrives.
+
+    The buffers hold the whole version until the caller verified it against the sender's commit:
+    only then may an engine see any of it (a failed refit leaves the previous version in service).
+    """
     out = [torch.empty(n, dtype=torch.uint8, device=transport.device) for n in sizes]
     if transport.device.type == "cuda":
-        side, sums = torch.cuda.Stream(), []
+        main, side, sums = torch.cuda.current_stream(), torch.cuda.Stream(), []
         for i, buf in enumerate(out):
-            transport.receive(i, buf, tag)
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                sums.append(cs.sum64(buf))
-        torch.cuda.current_stream().wait_stream(side)
-        return out, [cs.sum64_hex(v) for v in torch.stack(sums).cpu()] if sums else []
+            summed = transport.receive(i, buf, tag)  # cuda_ipc: summed inside its copy, on main
+            if summed is None:
+                side.wait_stream(main)
+                with torch.cuda.stream(side):
+                    summed = cs.sum64(buf)
+            sums.append(summed)
+        main.wait_stream(side)
+        return out, cs.digests(sums)
     with ThreadPoolExecutor(1, thread_name_prefix="weightsync-sum") as pool:
         futures = []
         for i, buf in enumerate(out):

@@ -1,0 +1,118 @@
+"""The Triton sum64 kernels give exactly torch's values: under Triton's interpreter on CPU (a subprocess,
+since the interpreter is chosen when the kernels are defined), and compiled on the GPU machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.weightsync import checksum as cs
+from services.weightsync.pack import pack_into, pack_sum64
+from services.weightsync.plan import ReceiverLayout, layout_of, make_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+TILE = 256 * 64  # sum64_triton.BLOCK_LINES lines of 64 bytes
+SIZES = [64, 640, TILE - 64, TILE, TILE + 64, 3 * TILE + 1984]
+
+
+def _kernels(device: torch.device):
+    kernels = cs.kernels_for(torch.empty(0, device=device))
+    assert kernels is not None, "the checks must run the kernels, not the torch reference"
+    return kernels
+
+
+def _random_bytes(nbytes: int, device: torch.device, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)  # full-range words: every sum wraps around 2**64
+    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g).to(device)
+
+
+def check_sum64_and_copy(device: torch.device) -> None:
+    kernels = _kernels(device)
+    for seed, nbytes in enumerate(SIZES):
+        buf = _random_bytes(nbytes, device, seed)
+        want = cs.sum64_reference(buf)
+        assert torch.equal(kernels.sum64(buf), want), nbytes
+        out = torch.full_like(buf, 7)
+        assert torch.equal(kernels.copy_sum64(buf, out), want), nbytes
+        assert torch.equal(out, buf), nbytes
+
+
+def check_pieces_add_up_to_the_bucket(device: torch.device) -> None:
+    """Pieces at line offsets, some not whole lines, the rest zero: the bucket's reference value."""
+    kernels = _kernels(device)
+    bucket = torch.zeros(2 * TILE + 4096, dtype=torch.uint8, device=device)
+    spans = [(0, 8), (64, 1992), (2112, TILE + 56), (TILE + 2176, TILE + 1920)]  # (offset, nbytes)
+    pieces = []
+    for i, (offset, nbytes) in enumerate(spans):
+        dst = bucket[offset : offset + nbytes].view(torch.int64)
+        src = _random_bytes(nbytes, device, 10 + i).view(torch.int64) if i % 2 else None
+        if src is None:
+            dst.copy_(_random_bytes(nbytes, device, 10 + i).view(torch.int64))
+        pieces.append((src, dst, offset // 64))
+    assert torch.equal(kernels.sum64_pieces(pieces), cs.sum64_reference(bucket))
+    assert torch.equal(pieces[1][1], pieces[1][0])
+
+
+def check_pack_sum64_matches_pack_then_sum(device: torch.device) -> None:
+    """Buckets with fused, cast, partial-line, strided and fallback pieces, packed over garbage."""
+    g = torch.Generator().manual_seed(3)
+    p = "model.layers"
+    named = [
+        (f"{p}.0.self_attn.q_proj.weight", torch.randn(32, 16, generator=g)),  # fused at line offsets
+        (f"{p}.0.self_attn.k_proj.weight", torch.randn(16, 16, generator=g)),
+        (f"{p}.0.self_attn.v_proj.weight", torch.randn(16, 16, generator=g)),
+        ("norm", torch.randn(36, generator=g).to(torch.bfloat16)),  # 9 words: not whole lines
+        ("steps", torch.arange(5)),  # int64, never cast
+        ("strided", torch.randn(40, 20, generator=g).to(torch.bfloat16).t()),  # not contiguous
+        ("emb", torch.randn(300, 40, generator=g).to(torch.bfloat16)),  # two tiles
+        (f"{p}.1.self_attn.q_proj.weight", torch.randn(3, 4, generator=g)),  # k starts inside a line
+        (f"{p}.1.self_attn.k_proj.weight", torch.randn(2, 4, generator=g)),
+        (f"{p}.1.self_attn.v_proj.weight", torch.randn(2, 4, generator=g)),
+    ]
+    lookup = {n: t.to(device) for n, t in named}
+    for receiver in (ReceiverLayout(fuse=("qkv",)), ReceiverLayout("bfloat16", ("qkv",))):
+        plan = make_plan(layout_of(list(lookup.items())), receiver, 4096)
+        assert plan.num_buckets >= 3
+        for i, size in enumerate(plan.bucket_nbytes):
+            fused = torch.full((size,), 0xA5, dtype=torch.uint8, device=device)
+            two_step = torch.full((size,), 0x5A, dtype=torch.uint8, device=device)
+            got = pack_sum64(fused, plan, i, lookup)
+            pack_into(two_step, plan, i, lookup)
+            assert torch.equal(fused, two_step), (receiver, i)
+            assert torch.equal(got, cs.sum64_reference(two_step)), (receiver, i)
+
+
+CHECKS = [check_sum64_and_copy, check_pieces_add_up_to_the_bucket, check_pack_sum64_matches_pack_then_sum]
+
+
+def test_kernels_match_torch_under_the_interpreter():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "all checks passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_pack_sum64_without_kernels_is_pack_then_the_torch_reference():
+    if cs.kernels_for(torch.empty(0)) is not None:
+        pytest.skip("TRITON_INTERPRET=1 is set")
+    check_pack_sum64_matches_pack_then_sum(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_kernels_match_torch_on_cuda(check):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    check(torch.device("cuda"))
+
+
+if __name__ == "__main__":
+    for check in CHECKS:
+        check(torch.device("cpu"))
+        print(check.__name__, "ok", flush=True)
+    print("all checks passed")
