@@ -163,12 +163,14 @@ def _device_ring(plan, lookup, ring, sums, wait_free) -> Iterator[tuple[int, tor
         ahead = i + len(ring) - 1 if i + len(ring) - 1 < plan.num_buckets else None
         # Packing runs len(ring) - 1 buckets ahead, into buffers whose sends are already enqueued, so
         # it overlaps the send of bucket i even when the transport blocks the host. With readers in
-        # other processes (wait_free) bucket i is handed out first, so they copy it while we pack.
-        if ahead is not None and wait_free is None:
+        # other processes (wait_free) bucket i is handed out first, so they copy it while we pack;
+        # unless the ring has one buffer, where bucket i itself is the one to pack.
+        early = ahead is not None and (wait_free is None or ahead == i)
+        if early:
             enqueue(ahead)
         main.wait_event(ready.pop(i))
         yield i, ring[i % len(ring)][: plan.bucket_nbytes[i]]
         freed[i % len(ring)] = main.record_event()
-        if ahead is not None and wait_free is not None:
+        if ahead is not None and not early:
             enqueue(ahead)
     main.wait_stream(side)  # nothing allocated on the side stream may be freed before main caught up
