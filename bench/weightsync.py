@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.weightsync import checksum as cs  # noqa: E402
-from services.weightsync.pack import new_ring, packed_buckets  # noqa: E402
+from services.weightsync.pack import new_ring, packed_buckets, unpack  # noqa: E402
 from services.weightsync.plan import ReceiverLayout, make_plan  # noqa: E402
 from services.weightsync.transport import make_transport, receive_buckets  # noqa: E402
 
@@ -142,8 +142,11 @@ def naive(peer: Peer, shape: str, reps: int) -> float:
     return best(peer, f"naive/{shape}", lambda: [t.receive(0, x, "naive") for x in tensors], reps)
 
 
-def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int, backend: str | None = None) -> float:
-    """Plan once, pack into a ring while sending, checksum both sides, verify: seconds."""
+def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int, backend=None, apply=True) -> float:
+    """A refit as the services do it, in seconds: plan once, pack into a ring while sending, checksum both
+    sides, receive the whole version, verify it against the sender's checksums (the commit), then copy
+    it into the engine's tensors the way an engine's load_weights gets it (views of the received buckets).
+    apply=False stops after the verification (what an engine that adopted the buffers would pay)."""
     backend = backend or peer.backend
     layout = tuple((n, "bfloat16", s) for n, s in state_shapes(shape))
     plan = make_plan(layout, ReceiverLayout(), bucket_bytes)
@@ -152,7 +155,8 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
     t = peer.transport(backend, source)
     algo = cs.algo_for(t.device)
     ring = ring or (new_ring(plan, t.device, num_buffers) if peer.rank == 0 else None)
-    out: dict = {}
+    engine = {} if peer.rank == 0 else {s.name: torch.empty(s.shape, dtype=torch.bfloat16, device=t.device)
+                                         for s in plan.slots}  # fmt: skip
 
     def once() -> None:
         tag = f"{shape}{peer.phase}{time.perf_counter_ns()}"[:32]
@@ -162,12 +166,29 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
             sums: list = []
             wait_free = getattr(t, "wait_free", None)
             t.send(packed_buckets(plan, lookup, ring, sums, wait_free(tag) if wait_free else None), tag)
-            out["sums"] = sums
-        else:
-            out["buckets"], out["sums"] = receive_buckets(t, list(plan.bucket_nbytes), algo, tag)
+            peer.store.set(f"commit/{tag}", json.dumps(cs.digests(sums)))
+            return
+        buckets, sums = receive_buckets(t, list(plan.bucket_nbytes), algo, tag)
+        # Blocks until the sender committed; set on every repetition, so every one is verified.
+        assert sums == json.loads(peer.store.get(f"commit/{tag}")), "received buckets differ from the sent ones"
+        if apply:
+            for name, view in unpack(buckets, plan):
+                engine[name].copy_(view)
 
-    seconds = best(peer, f"ours/{backend}/{shape}/{bucket_bytes}", once, reps)
-    _check(peer, out["sums"])
+    seconds = best(peer, f"ours/{backend}/{shape}/{bucket_bytes}/{apply}", once, reps)
+    if engine and apply:  # the engine holds what the trainer sent (the same seeded draw)
+        assert all(torch.equal(engine[n], x) for n, x in random_state(shape, t.device)), "engine tensors differ"
+    return seconds
+
+
+def copy_floor(peer: Peer, nbytes: int, reps: int) -> float:
+    """Seconds of one plain device copy of nbytes on the receiver's GPU: the HBM floor of CUDA IPC."""
+    if peer.rank == 0:
+        return best(peer, f"copy{nbytes}", lambda: None, reps)
+    bufs = torch.ones(2, nbytes, dtype=torch.uint8, device=peer.device)
+    seconds = best(peer, f"copy{nbytes}", lambda: bufs[1].copy_(bufs[0]), reps)
+    bufs = None  # the IPC paths that follow need the memory
+    torch.cuda.empty_cache()
     return seconds
 
 
@@ -202,14 +223,6 @@ def _b64(b) -> dict:
 def _unb64(d: dict) -> dict:
     binary = ("handle", "ref_counter_handle", "event_handle")
     return {f: base64.b64decode(v) if f in binary else v for f, v in d.items()}
-
-
-def _check(peer: Peer, sums: list) -> None:
-    """The receiver's checksums of the last repetition equal the sender's: the bytes arrived intact."""
-    digests = [s if isinstance(s, str) else cs.sum64_hex(s) for s in sums]
-    peer.store.set(f"sums/{peer.phase}/{peer.rank}", json.dumps(digests))
-    other = json.loads(peer.store.get(f"sums/{peer.phase}/{1 - peer.rank}"))
-    assert other == digests, "received buckets differ from the sent ones"
 
 
 def checkpoint_engine(rank: int, shape: str, store_port: int) -> float:
@@ -270,8 +283,11 @@ def gpu_worker(rank: int, port: int, args, shared) -> None:
     torch.cuda.set_device(0)  # CUDA IPC: sender and receiver processes on one GPU
     peer.device = torch.device("cuda", 0)
     for shape in args.shapes:
-        bucket = args.bucket_bytes[0]
-        _record(res, f"ipc_s/{shape}", partial(ours, peer, shape, bucket, args.num_buffers, args.reps, "cuda_ipc"))
+        _record(res, f"copy_s/{shape}", partial(copy_floor, peer, payload_bytes(shape), args.reps))
+        for bucket in args.bucket_bytes:
+            ipc = partial(ours, peer, shape, bucket, args.num_buffers, args.reps, "cuda_ipc")
+            _record(res, f"ipc_s/{shape}/{bucket}", ipc)
+            _record(res, f"ipc_receive_s/{shape}/{bucket}", partial(ipc, apply=False))
     shared.update({f"{k}@{rank}": v for k, v in res.items()})
 
 
@@ -375,7 +391,7 @@ def summarize(raw: dict, args, command: str) -> dict:
     nccl = [v for k, v in row.items() if k.startswith("nccl_GBps")]
     out["nccl_8b_GBps"] = max(nccl) if nccl else None
     out["nccl_8b_frac_of_link"] = out["nccl_8b_GBps"] / out["link_GBps"] if nccl and out["link_GBps"] else None
-    out["ipc_ms_per_GB"] = row["ipc_s"] * 1e3 / (row["bytes"] / GB) if "ipc_s" in row else None
+    out.update(_ipc_headline(row))
     out["naive_8b_GBps"] = row.get("naive_GBps")
     ckpt = row.get("ckpt_engine_s")
     best_nccl = min((v for k, v in row.items() if k.startswith("nccl_s")), default=None)
@@ -390,9 +406,24 @@ def summarize(raw: dict, args, command: str) -> dict:
             ok = out[f"{path}_GBps"] and out["socket_GBps"]
             out[f"{path}_frac_of_socket"] = out[f"{path}_GBps"] / out["socket_GBps"] if ok else None
         out["notes"].append("--cpu: link_GBps is a plain gloo broadcast; the GPU headline keys are null here")
-        for key in ("nccl_8b_GBps", "nccl_8b_frac_of_link", "ipc_ms_per_GB", "naive_8b_GBps"):
+        for key in ("nccl_8b_GBps", "nccl_8b_frac_of_link", "naive_8b_GBps", *_ipc_headline({})):
             out[key] = None
     return out
+
+
+def _ipc_headline(row: dict) -> dict:
+    """The best bucket size's full CUDA IPC refit in ms/GB, beside a plain device copy of the same bytes."""
+    ipc = {k.split("/")[1]: v for k, v in row.items() if k.startswith("ipc_s/")}
+    bucket = min(ipc, key=ipc.get) if ipc else None
+    gb, copy_s = row.get("bytes", 0) / GB, row.get("copy_s")
+    receive_s = row.get(f"ipc_receive_s/{bucket}")
+    return {
+        "ipc_ms_per_GB": ipc[bucket] * 1e3 / gb if bucket else None,
+        "ipc_bucket_bytes": int(bucket) if bucket else None,
+        "ipc_receive_ms_per_GB": receive_s * 1e3 / gb if receive_s else None,
+        "copy_ms_per_GB": copy_s * 1e3 / gb if copy_s else None,
+        "ipc_over_copy": ipc[bucket] / copy_s if bucket and copy_s else None,
+    }
 
 
 def _machine() -> str:
