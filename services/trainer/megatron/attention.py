@@ -44,6 +44,14 @@ def _rotate(x_THD: Tensor, cos_T1D: Tensor, sin_T1D: Tensor) -> Tensor:
     return x_THD * cos_T1D + torch.cat([-x2, x1], dim=-1) * sin_T1D
 
 
+def _rotate_qk(q_THD: Tensor, k_TKD: Tensor, cos_T1D: Tensor, sin_T1D: Tensor) -> tuple[Tensor, Tensor]:
+    return _rotate(q_THD, cos_T1D, sin_T1D), _rotate(k_TKD, cos_T1D, sin_T1D)
+
+
+# One inductor kernel for both rotations, forward and backward (row lengths vary: dynamic shapes).
+_rotate_qk_compiled = torch.compile(_rotate_qk, dynamic=True)
+
+
 class PackedFlashAttention(MegatronModule):
     """Drop-in `core_attention` (same constructor and forward as Megatron's DotProductAttention)."""
 
@@ -63,8 +71,7 @@ class PackedFlashAttention(MegatronModule):
         row = packed_seq_params
         if not isinstance(row, PackedRow) or row.qkv_format != "thd":
             raise ValueError("PackedFlashAttention takes packed rows only (a PackedRow in thd format)")
-        q_THD = _rotate(query, row.cos_T1D, row.sin_T1D)
-        k_TKD = _rotate(key, row.cos_T1D, row.sin_T1D)
+        q_THD, k_TKD = _rotate_qk_compiled(query, key, row.cos_T1D, row.sin_T1D)
         out_THD = _flash_varlen_forward(
             q_THD.contiguous(), k_TKD.contiguous(), value.contiguous(), row.cu_seqlens_q, row.max_seqlen_q,
             self.softmax_scale,

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .. import checkpoint
 from ..engine import BatchTokens, Engine
+from ..head import compile_head
 from ..losses import mult_prob_error, token_logprobs_and_entropy
 from ..objective import TokenInputs, token_objective
 from ..packing import Packed, Seq, pack, plan, response_offsets
@@ -51,6 +52,7 @@ class MegatronEngine(Engine):
         self.chunk = cfg.logprob_chunk_tokens or _DEFAULT_CHUNK
         self.dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         self._dummy = pack([Seq([0], [0])], [0], [0, 1])
+        compile_head()  # the fused head's softmax math as one inductor kernel per chunk (the GPU has inductor)
 
     # -- the micro-batch plan and one packed row ---------------------------------------------------------
 

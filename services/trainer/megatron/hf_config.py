@@ -103,7 +103,7 @@ def transformer_config_kwargs(shape: Shape, *, tp: int, pp: int, bf16: bool, rec
         variable_seq_lengths=True,  # packed rows differ in length; PP sends the shapes along
         moe_token_dispatcher_type="alltoall",  # no experts here; the default (allgather) refuses the line above
         apply_rope_fusion=False,
-        bias_activation_fusion=False,
+        bias_activation_fusion=True,  # SwiGLU as one compiled kernel that saves only its input
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,  # needs apex

@@ -66,7 +66,9 @@ def build_gpt(config: TransformerConfig, shape: Shape) -> GPTModel:
         share_embeddings_and_output_weights=shape.tied,
         position_embedding_type="none",  # PackedFlashAttention rotates q and k itself
     )
-    return model.cuda(torch.cuda.current_device())
+    # The local spec's torch RMSNorms are created in fp32 whatever params_dtype says (Megatron-LM casts the
+    # whole model in its Float16Module); in the compute dtype they take torch's fused rms_norm kernel.
+    return model.to(device=torch.cuda.current_device(), dtype=config.params_dtype)
 
 
 def layout(config: TransformerConfig, shape: Shape) -> Layout:
@@ -125,4 +127,10 @@ def optimizer(model: DistributedDataParallel, lr: float, weight_decay: float, ma
         bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32, use_distributed_optimizer=True,
         clip_grad=max_grad_norm,
     )  # fmt: skip
-    return get_megatron_optimizer(cfg, [model])
+    opt = get_megatron_optimizer(cfg, [model])
+    # Without Transformer Engine or Apex Megatron falls back to torch's AdamW in its multi-tensor (foreach)
+    # form; the fused CUDA kernel does the same update in one pass over the fp32 state.
+    for part in getattr(opt, "chained_optimizers", [opt]):
+        for group in part.optimizer.param_groups:
+            group.update(foreach=False, fused=True)
+    return opt

@@ -1,7 +1,7 @@
 """Megatron-core backend against the FSDP2 backend, same RL-shaped batch (bench/trainer.py's), same run.
 
-    python bench/megatron.py                              # 0.5B and 1.5B on one GPU -> bench/results/megatron.json
-    torchrun --nproc-per-node 2 bench/megatron.py --tp 2  # Megatron TP=2 vs FSDP2 on the same 2 GPUs, merged in
+    python bench/megatron_vs_fsdp2.py            # 0.5B and 1.5B on one GPU -> bench/results/megatron.json
+    torchrun --nproc-per-node 2 bench/megatron_vs_fsdp2.py --tp 2   # TP=2 vs FSDP2 on 2 GPUs, merged in
 
 Both backends load the same random Qwen2-shaped weights and train bf16 with fp32 master weights and
 AdamW, packed rows of --max-tokens, fused chunked logprob head. FSDP2 runs its fastest variant from
@@ -28,9 +28,9 @@ MEGATRON_VARIANTS = {"megatron": {"activation_checkpointing": "off"}}
 MEGATRON_FALLBACKS = {"megatron_layer_recompute": {"activation_checkpointing": "layer"}}
 
 
-def save_hf(shape: str, folder: Path) -> int:
-    """The same random weights bench/trainer.py's qwen2() builds (seed 0), as HF safetensors; returns params."""
-    model = bt.qwen2(shape, "sdpa", torch.device("cpu"))
+def save_hf(shape: str, folder: Path, device: torch.device) -> int:
+    """The weights bench/trainer.py's qwen2() gives FSDP2 (seed 0, drawn on the same device), as HF safetensors."""
+    model = bt.qwen2(shape, "sdpa", device)
     num_params = sum(p.numel() for p in model.parameters())
     if dist.get_rank() == 0:
         model.to(torch.bfloat16).save_pretrained(folder)
@@ -78,7 +78,7 @@ def bench_shape(shape: str, args, device, results: dict) -> None:
     fsdp = bt.attempt(f"fsdp2_{key}", lambda: bt.run_engine(shape, batch, args, device, fsdp_options), errors, device)
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         model_dir = Path(tmp)
-        num_params = save_hf(shape, model_dir)
+        num_params = save_hf(shape, model_dir, device)
         run = functools.partial(run_megatron, model_dir, num_params, batch, args, device)
         meg = first_success(f"megatron_{key}", MEGATRON_VARIANTS, MEGATRON_FALLBACKS, run, errors, device)
     if fsdp and meg:
@@ -134,7 +134,7 @@ def main() -> None:
         bench_shape(shape, args, device, results)
     suffix = "" if args.tp == 1 else f"_tp{args.tp}"
     launcher = "python" if dist.get_world_size() == 1 else f"torchrun --nproc-per-node {dist.get_world_size()}"
-    results[f"command{suffix}"] = f"{launcher} bench/megatron.py {' '.join(sys.argv[1:])}".strip()
+    results[f"command{suffix}"] = f"{launcher} bench/megatron_vs_fsdp2.py {' '.join(sys.argv[1:])}".strip()
     results[f"machine{suffix}"] = bt.machine(device)
     if dist.get_rank() == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
