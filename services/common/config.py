@@ -125,6 +125,11 @@ class TrainerSection(_Section):
     """Weight of the KL penalty to the reference model (see kl_estimator); 0 = no reference model."""
     max_tokens_per_microbatch: int = Field(default=4096, ge=16)
     """Token budget of one forward/backward."""
+    minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per Train call (verl's ppo_mini_batch_size, as a count): the batch is split into this
+    many mini-batches of whole sequences, one AdamW step each, each normalised on its own. With more than one,
+    pi_old (the clip range's anchor) comes from a no-grad pass before the first step, timed in
+    timing/logprobs_s; with one, pi_old is the training forward itself and that pass is skipped."""
     loss: Literal["grpo", "dapo", "gspo", "dr_grpo"] = "grpo"
     """Policy loss: grpo (token-level clipped, clip_eps), dapo (token-level clip-higher, clip_eps_low/high),
     gspo (sequence-level ratio, clip_eps_low/high, sequence-mean), dr_grpo (clip_eps, constant normaliser)."""
@@ -259,6 +264,8 @@ class RunConfig(_Section):
             raise ValueError("model.num_heads must be a multiple of model.num_kv_heads")
         if self.coordinator.overlong_buffer_tokens > self.coordinator.max_tokens:
             raise ValueError("coordinator.overlong_buffer_tokens must be <= coordinator.max_tokens")
+        if self.trainer.minibatches > self.coordinator.num_prompts * self.coordinator.num_samples:
+            raise ValueError("trainer.minibatches must be <= coordinator.num_prompts * coordinator.num_samples")
         if self.task.name == "jsonl" and not self.task.prompts_path:
             raise ValueError("task.prompts_path is required when task.name = 'jsonl'")
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import resource
 import time
@@ -35,6 +36,8 @@ class BatchTokens:
     weights_N: Tensor
     """Each token's weight in the batch loss (the normaliser of cfg.loss folded in)."""
     ref_logp_N: Tensor | None
+    old_logp_N: Tensor | None = None
+    """pi_old from a pass before the first optimizer step; None: the training forward's own logprobs."""
 
 
 class Engine:
@@ -62,16 +65,22 @@ class Engine:
         return [flat_N[offsets[i] : offsets[i + 1]] for i in range(len(seqs))]
 
     def train(self, seqs: list[Seq], advantages: list[float], rollout_logprobs: list[list[float]]) -> dict[str, float]:
-        """One optimizer step over the whole batch; bumps policy_version. Returns the step's metrics."""
+        """cfg.minibatches optimizer steps over the batch; bumps policy_version. Returns the step's metrics."""
+        if len(seqs) < self.cfg.minibatches:
+            raise ValueError(f"a batch of {len(seqs)} sequences cannot make trainer.minibatches={self.cfg.minibatches}")
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         plans = self._plan(seqs)
         start = time.perf_counter()
         ref_N = None if self.ref_model is None else self._flat_logprobs(self.ref_model, seqs, plans)
+        old_N = self._flat_logprobs(self.model, seqs, plans) if self.cfg.minibatches > 1 else None
         logprobs_s = time.perf_counter() - start
 
         start = time.perf_counter()
-        metrics = self._step(plans, self._batch_tokens(seqs, advantages, rollout_logprobs, ref_N))
+        if old_N is None:
+            metrics = self._step(plans, self._batch_tokens(seqs, advantages, rollout_logprobs, ref_N))
+        else:
+            metrics = self._minibatch_steps(seqs, advantages, rollout_logprobs, ref_N, old_N)
         training_s = time.perf_counter() - start
         logprobs_s, training_s, peak_mem_GiB = self._max_over_ranks([logprobs_s, training_s, self._peak_mem_GiB()])
         self.policy_version += 1
@@ -82,6 +91,26 @@ class Engine:
             "timing/policy_training_s": training_s,
             "peak_mem_GiB": peak_mem_GiB,
         }
+
+    def _minibatch_steps(
+        self, seqs: list[Seq], advantages: list[float], rollout: list[list[float]], ref_N: Tensor | None, old_N: Tensor
+    ) -> dict[str, float]:
+        """One optimizer step per contiguous slice of the batch; pi_old and the reference come from the whole
+        batch's passes before the first step. Metrics: the mean over steps, the mismatch of pi_old."""
+        offsets = response_offsets(seqs)
+        bounds = [round(k * len(seqs) / self.cfg.minibatches) for k in range(self.cfg.minibatches + 1)]
+        steps = []
+        for lo, hi in itertools.pairwise(bounds):
+            tokens = slice(offsets[lo], offsets[hi])
+            part = self._batch_tokens(
+                seqs[lo:hi], advantages[lo:hi], rollout[lo:hi], None if ref_N is None else ref_N[tokens]
+            )
+            part = dataclasses.replace(part, old_logp_N=old_N[tokens])
+            steps.append(self._step(self._plan(seqs[lo:hi]), part))
+        metrics = {k: sum(m[k] for m in steps) / len(steps) for k in steps[0]}
+        rollout_N = torch.tensor([lp for lps in rollout for lp in lps], device=old_N.device)
+        metrics["mismatch/mult_prob_error"] = mult_prob_error(old_N, rollout_N, torch.ones_like(old_N)).item()
+        return metrics
 
     def full_state_dict(self) -> dict[str, Tensor]:
         """The unsharded HF state dict on CPU on rank 0, {} on the other ranks."""
@@ -219,9 +248,9 @@ class Engine:
         logp_R, entropy_R = self._forward(self.model, mb, with_entropy=self.cfg.entropy_coef > 0)
         inputs = TokenInputs(
             logp_R=logp_R,
-            # One optimizer step per batch: pi_old, the clip range's anchor, is the policy of this very
+            # With one optimizer step per batch pi_old, the clip range's anchor, is the policy of this very
             # forward, so its logprobs are these, detached; a separate no-grad pass would only repeat them.
-            old_logp_R=logp_R.detach(),
+            old_logp_R=logp_R.detach() if batch.old_logp_N is None else batch.old_logp_N[idx_R],
             advantages_R=batch.advantages_N[idx_R],
             rollout_logp_R=batch.rollout_logp_N[idx_R],
             ref_logp_R=None if batch.ref_logp_N is None else batch.ref_logp_N[idx_R],

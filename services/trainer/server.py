@@ -70,7 +70,8 @@ def _init_distributed() -> torch.device:
 
 def _lead(cfg: RunConfig, driver: Driver, engine: Engine, stop: threading.Event) -> None:
     server, port = make_server(cfg.trainer.host, cfg.trainer.grpc_port)
-    servicer = TrainerServicer(driver, engine.vocab_size, cfg.trainer.max_tokens_per_microbatch)
+    trainer = cfg.trainer
+    servicer = TrainerServicer(driver, engine.vocab_size, trainer.max_tokens_per_microbatch, trainer.minibatches)
     trainer_pb2_grpc.add_TrainerServicer_to_server(servicer, server)
     server.start()
     log.info("trainer serving on %s:%d (%d ranks, %s)", cfg.trainer.host, port, engine.world, engine.device.type)

@@ -18,13 +18,16 @@ from .driver import Driver
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
-    def __init__(self, driver: Driver, vocab_size: int, max_tokens_per_microbatch: int):
+    def __init__(self, driver: Driver, vocab_size: int, max_tokens_per_microbatch: int, minibatches: int = 1):
         self.driver = driver
         self.vocab_size, self.max_tokens_per_microbatch = vocab_size, max_tokens_per_microbatch
+        self.minibatches = minibatches
 
     @servicer_edge
     def Train(self, request, context):
         self._check_sequences(request.sequences, for_training=True)
+        if len(request.sequences) < self.minibatches:
+            raise ValueError(f"{len(request.sequences)} sequences cannot make trainer.minibatches={self.minibatches}")
         return self.driver.call(Op.TRAIN, request)
 
     @servicer_edge

@@ -26,6 +26,8 @@ def test_defaults_are_the_original_trainer():
         ("trainer.is_truncation=0", "trainer.is_truncation"),
         ('trainer.activation_checkpointing="full"', "trainer.activation_checkpointing"),
         ('trainer.dtype="float16"', "trainer.dtype"),
+        ("trainer.minibatches=0", "trainer.minibatches"),
+        ("trainer.minibatches=129", "trainer.minibatches"),  # more steps than 16 prompts x 8 samples
     ],
 )
 def test_bad_values_name_the_key(override, key):

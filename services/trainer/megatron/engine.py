@@ -152,7 +152,8 @@ class MegatronEngine(Engine):
         idx_R = mb.token_index_R.to(self.device)
         inputs = TokenInputs(
             logp_R=logp_R,
-            old_logp_R=logp_R.detach(),  # one optimizer step per batch: pi_old is this forward's policy
+            # One optimizer step per batch: pi_old is this forward's policy (see Engine._microbatch_loss).
+            old_logp_R=logp_R.detach() if batch.old_logp_N is None else batch.old_logp_N[idx_R],
             advantages_R=batch.advantages_N[idx_R],
             rollout_logp_R=batch.rollout_logp_N[idx_R],
             ref_logp_R=None if batch.ref_logp_N is None else batch.ref_logp_N[idx_R],
