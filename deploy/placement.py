@@ -65,11 +65,17 @@ def launches(cfg: RunConfig, config_path: Path) -> list[Launch]:
 def gpu_env(cfg: RunConfig, num_gpus: int) -> dict[str, dict[str, str]]:
     """CUDA_VISIBLE_DEVICES per service: trainer ranks on the first GPUs, one GPU per rollout worker after.
 
-    Disaggregated only: an NCCL group cannot hold two ranks on one GPU, so every trainer rank and
-    every rollout worker needs its own.
+    Disaggregated, unless weightsync.transport is cuda_ipc: an NCCL group cannot hold two ranks on one
+    GPU, so there every trainer rank and every rollout worker needs its own. With cuda_ipc the rollout
+    workers share the GPU of trainer rank 0, the publisher, and read its buckets by handle (colocated).
     """
     if num_gpus == 0:
         return {}
+    if cfg.weightsync.transport == "cuda_ipc":
+        if cfg.trainer.num_ranks > num_gpus:
+            raise ValueError(f"trainer.num_ranks ({cfg.trainer.num_ranks}) GPUs asked, {num_gpus} present")
+        env = {"trainer": {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in range(cfg.trainer.num_ranks))}}
+        return env | {f"rollout-{i}": {"CUDA_VISIBLE_DEVICES": "0"} for i in range(cfg.rollout.num_workers)}
     need = cfg.trainer.num_ranks + cfg.rollout.num_workers
     if need > num_gpus:
         raise ValueError(

@@ -1,4 +1,5 @@
-"""The `make run` path on 2 GPUs: FSDP2 on NCCL, the transformers engine, NCCL refit (run on the device)."""
+"""The `make run` path on the GPU machine, both trainer backends: disaggregated on 2 GPUs (NCCL refit) and
+colocated on 1 GPU (the rollout worker on the trainer's GPU, CUDA IPC refit), with the transformers engine."""
 
 from __future__ import annotations
 
@@ -12,8 +13,20 @@ import torch
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-def test_grpo_steps_on_two_gpus(tmp_path, tiny_model):
+def _gpus(n: int):
+    return pytest.mark.skipif(torch.cuda.device_count() < n, reason=f"needs {n} GPUs")
+
+
+@pytest.mark.parametrize(
+    "backend,transport",
+    [
+        pytest.param("fsdp2", "nccl", marks=_gpus(2)),
+        pytest.param("megatron", "nccl", marks=_gpus(2)),
+        pytest.param("fsdp2", "cuda_ipc", marks=_gpus(1)),
+        pytest.param("megatron", "cuda_ipc", marks=_gpus(1)),
+    ],
+)
+def test_grpo_steps_on_the_gpu(tmp_path, tiny_model, backend, transport):
     args = [
         f'run.output_dir="{tmp_path}"',
         'run.run_id="gpu"',
@@ -22,6 +35,9 @@ def test_grpo_steps_on_two_gpus(tmp_path, tiny_model):
         "rollout.engine=hf",
         "trainer.num_ranks=1",
         "coordinator.num_prompts=8",
+        f'trainer.backend="{backend}"',
+        f'weightsync.transport="{transport}"',
+        *(['trainer.dtype="bfloat16"'] if backend == "megatron" else []),
     ]
     out = subprocess.run([sys.executable, "-m", "deploy.local", *args], capture_output=True, text=True, timeout=600)
     run_dir = tmp_path / "gpu"
@@ -30,7 +46,7 @@ def test_grpo_steps_on_two_gpus(tmp_path, tiny_model):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2, 3]
     for r in rows:
-        # The engine samples in bf16, the trainer holds fp32 master weights.
+        # The engine samples in bf16; FSDP2 holds fp32 master weights, Megatron computes in bf16.
         assert r["mismatch/mult_prob_error"] <= 1.02
         assert r["refit/bytes"] > 0
     for refit in (json.loads(line) for line in (run_dir / "refits.jsonl").read_text().splitlines()):
