@@ -1,9 +1,11 @@
 """A GRPO run on all GPUs of one host: trainer FSDP2 on half, transformers engines on the other half.
 
     python bench/multigpu.py [--steps 4] [--hidden 1536 --layers 28 ...]
+    python bench/multigpu.py --colocated     # one GPU: trainer and engine share it, CUDA IPC refit
 
-Writes bench/results/multigpu.json: the seeds' table per step, refit GB/s against the NCCL
-GPU0 -> GPU1 bandwidth measured in the same run, tokens/s per GPU, and peak memory per GPU.
+Writes bench/results/multigpu.json (--colocated: multigpu_colocated.json): the seeds' table per step,
+refit GB/s against the physical baseline measured in the same run (the NCCL GPU0 -> GPU1 broadcast;
+colocated, a plain device-to-device copy), tokens/s per GPU, and peak memory per GPU.
 """
 
 from __future__ import annotations
@@ -83,8 +85,24 @@ class GpuMemorySampler:
             self._stop.wait(0.5)
 
 
+def hbm_copy_GBps(nbytes: int = 2**30, reps: int = 10) -> float:
+    """Best-of-reps device-to-device copy on GPU0 (bytes copied per second): the colocated refit's floor."""
+    src, dst = (torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(2))
+    times = []
+    for _ in range(reps + 2):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return nbytes / min(times[2:]) / 1e9
+
+
 def run_grpo(args, num_gpus: int, work: Path) -> Path:
-    half = num_gpus // 2
+    half = max(1, num_gpus // 2)
+    rollout = ["rollout.num_workers=1", 'weightsync.transport="cuda_ipc"'] if args.colocated else [
+        f"rollout.num_workers={num_gpus - half}"
+    ]  # fmt: skip
     overrides = [
         f'run.output_dir="{work}"',
         'run.run_id="multigpu"',
@@ -96,7 +114,7 @@ def run_grpo(args, num_gpus: int, work: Path) -> Path:
         f"model.num_kv_heads={args.kv_heads}",
         f"model.intermediate_size={args.intermediate}",
         "rollout.engine=hf",
-        f"rollout.num_workers={num_gpus - half}",
+        *rollout,
         f"trainer.num_ranks={half}",
         f"coordinator.num_prompts={args.prompts}",
         f"coordinator.num_samples={args.samples}",
@@ -112,7 +130,7 @@ def run_grpo(args, num_gpus: int, work: Path) -> Path:
     return work / "multigpu"
 
 
-def summarize(run_dir: Path, num_gpus: int, link_GBps: float, peak_MiB: dict[int, int], args) -> dict:
+def summarize(run_dir: Path, num_gpus: int, link: tuple[str, float], peak_MiB: dict[int, int], args) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     keys = (
         "step",
@@ -138,9 +156,9 @@ def summarize(run_dir: Path, num_gpus: int, link_GBps: float, peak_MiB: dict[int
         "model": vars(args),
         "num_gpus": num_gpus,
         "steps": table,
-        "nccl_link_GBps": link_GBps,
+        link[0]: link[1],
         "refit_GBps": refit_GBps,
-        "refit_frac_of_link": refit_GBps / link_GBps,
+        "refit_frac_of_link": refit_GBps / link[1],
         "refit_bytes": rows[-1]["refit/bytes"],
         # Whole-step throughput: every GPU counted, tokens trained per second of step wall time.
         "tokens_per_s_per_gpu_step": tokens / sum(r["timing/total_s"] for r in steady) / num_gpus,
@@ -160,15 +178,17 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--colocated", action="store_true", help="one GPU: trainer and engine on it, CUDA IPC refit")
     p.add_argument("--work", default="/tmp/multigpu")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "multigpu.json"))
+    p.add_argument("--out", default=None)
     args = p.parse_args()
-    num_gpus = torch.cuda.device_count()
-    if num_gpus < 2:
-        raise SystemExit(f"needs >= 2 GPUs, found {num_gpus}")
+    args.out = args.out or str(ROOT / "bench" / "results" / f"multigpu{'_colocated' if args.colocated else ''}.json")
+    num_gpus = 1 if args.colocated else torch.cuda.device_count()
+    if num_gpus < 2 and not args.colocated:
+        raise SystemExit(f"needs >= 2 GPUs, found {num_gpus} (or --colocated)")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    link = nccl_link_GBps()
-    print(f"NCCL GPU0->GPU1 broadcast: {link:.1f} GB/s", flush=True)
+    link = ("hbm_copy_GBps", hbm_copy_GBps()) if args.colocated else ("nccl_link_GBps", nccl_link_GBps())
+    print(f"{link[0]}: {link[1]:.1f} GB/s", flush=True)
     with GpuMemorySampler() as mem:
         run_dir = run_grpo(args, num_gpus, Path(args.work))
     result = summarize(run_dir, num_gpus, link, mem.peak_MiB, args)

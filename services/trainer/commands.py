@@ -6,11 +6,13 @@ import enum
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import torch
 from google.protobuf.message import Message
 
 from protos.grpo.v1 import trainer_pb2
 from services.common.config import WeightsyncSection
 from services.weightsync.client import publish
+from services.weightsync.transport import device_of, resolve
 
 from .engine import Engine
 from .packing import Seq
@@ -70,10 +72,12 @@ class Executor:
         return trainer_pb2.LoadReply(policy_version=self.engine.load(Path(request.path)))
 
     def publish(self, request: trainer_pb2.PublishWeightsRequest) -> trainer_pb2.PublishWeightsReply | None:
-        sd = self.engine.full_state_dict()
+        ws = self.weightsync
+        # A GPU transport packs from GPU tensors: gathering to the host first would cross PCIe twice.
+        on_device = self.engine.device.type == "cuda" and device_of(resolve(ws.transport)).type == "cuda"
+        sd = self.engine.full_state_dict(on_device, getattr(torch, ws.cast_dtype) if ws.cast_dtype else None)
         if self.engine.rank != 0:
             return None
-        ws = self.weightsync
         result = publish(
             list(sd.items()),
             self.engine.policy_version,

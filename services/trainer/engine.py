@@ -112,10 +112,19 @@ class Engine:
         metrics["mismatch/mult_prob_error"] = mult_prob_error(old_N, rollout_N, torch.ones_like(old_N)).item()
         return metrics
 
-    def full_state_dict(self) -> dict[str, Tensor]:
-        """The unsharded HF state dict on CPU on rank 0, {} on the other ranks."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        sd = get_model_state_dict(self.model, options=options)
+    def full_state_dict(self, on_device: bool = False, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """The unsharded HF state dict on rank 0, {} on the other ranks: on CPU, or with on_device left on
+        this rank's device (a GPU refit then never crosses PCIe), floating tensors cast to dtype if given."""
+        if on_device and not self.cfg.cpu_offload:  # offloaded shards are gathered through the host anyway
+            sd = {}
+            for name, t in self.model.state_dict().items():  # one parameter gathered at a time
+                full = t.full_tensor() if isinstance(t, DTensor) else t
+                if self.rank == 0:
+                    sd[name] = full.detach().to(dtype) if dtype and full.is_floating_point() else full.detach()
+        else:
+            sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if dtype:
+                sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
         # vLLM and the rollout engines load lm_head by name; a missing key would leave them stale.
         assert self.rank != 0 or "lm_head.weight" in sd, "full state dict lacks lm_head.weight"
         return sd

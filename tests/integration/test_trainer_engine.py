@@ -143,8 +143,14 @@ def _worker(model_dir: str, out: str) -> None:
         engine = assemble_engine(policy, ref, cfg, Path(model_dir), torch.device("cpu"))
         metrics = engine.train(seqs, advantages, rollout)
         params[name] = engine.full_state_dict()
+        # The refit's gather (left on the device, cast to the engine's dtype) holds the same values.
+        kept = engine.full_state_dict(on_device=True, dtype=torch.bfloat16)
         if dist.get_rank() == 0:
             results[name] = {"metrics": metrics, "dtypes": sorted({str(t.dtype) for t in params[name].values()})}
+            cast = {k: v.to(torch.bfloat16) for k, v in params[name].items()}
+            results[name]["on_device_equal"] = kept.keys() == cast.keys() and all(
+                torch.equal(kept[k], cast[k]) for k in kept
+            )
             if name in AGAINST_REFERENCE:
                 expected_params, expected = _reference_step(model_dir, cfg, seqs, advantages, rollout)
                 results[name].update(expected=expected, param_diff=_max_diff(params[name], expected_params))
@@ -174,6 +180,11 @@ def test_objectives_match_an_unsharded_unpacked_step(results, name):
     overrides = CASES[name]
     assert ("entropy" in got["metrics"]) == (overrides.get("entropy_coef", 0) > 0)
     assert ("mismatch/is_weight_mean" in got["metrics"]) == (overrides.get("importance_sampling", "off") != "off")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_refit_gather_on_the_device_equals_the_host_gather(results, name):
+    assert results[name]["on_device_equal"]
 
 
 @pytest.mark.parametrize("name", list(SAME_AS_BASE))

@@ -172,8 +172,9 @@ class MegatronEngine(Engine):
     # -- weights out -----------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def full_state_dict(self) -> dict[str, Tensor]:
-        """The HF state dict (TP shards gathered, every stage's layers) on CPU on rank 0, {} elsewhere."""
+    def full_state_dict(self, on_device: bool = False, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """The HF state dict (TP shards gathered, every stage's layers) on rank 0, {} elsewhere: on CPU, or
+        with on_device on this rank's GPU (pipeline stages other than rank 0's still come through the host)."""
         module = self.model.module
         tp = self.layout.tp_size
         mine: dict[str, Tensor] = {}
@@ -185,7 +186,9 @@ class MegatronEngine(Engine):
                 shards = [torch.empty_like(param.data) for _ in range(tp)]
                 dist.all_gather(shards, param.data.contiguous(), group=self.tp_group)
             if self.dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0:
-                mine.update({k: v.cpu() for k, v in mapping.to_hf(name, shards, self.layout).items()})
+                for k, v in mapping.to_hf(name, shards, self.layout).items():
+                    v = v.to(dtype) if dtype and v.is_floating_point() else v
+                    mine[k] = v if on_device and ps.get_pipeline_model_parallel_world_size() == 1 else v.cpu()
         if ps.get_pipeline_model_parallel_world_size() > 1:
             parts = [None] * self.world if self.rank == 0 else None
             dist.gather_object(mine, parts, dst=0)
