@@ -213,6 +213,9 @@ class WeightsyncSection(_Section):
     """Dtype the engine wants for floating tensors, cast on the sender (e.g. fp32 master -> bf16); "" = as held."""
     fuse: list[Literal["qkv", "gate_up"]] = []
     """Projections the engine wants fused, done on the sender (vLLM takes HF names and fuses itself: keep empty)."""
+    all_ranks_send: bool = True
+    """With gloo or nccl and several FSDP2 ranks, every rank gathers and sends its own run of buckets (no rank-0
+    funnel: no rank holds more than its share of the full weights); false: rank 0 gathers and sends them all."""
     ucxx_host: str = "127.0.0.1"
     """Address the trainer's ucxx listener binds to and rollout workers reach (transport = ucxx)."""
 

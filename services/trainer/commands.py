@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 
 from protos.grpo.v1 import trainer_pb2
 from services.common.config import WeightsyncSection
-from services.weightsync.client import publish
+from services.weightsync.client import publish, publish_share, share_plan
 from services.weightsync.transport import device_of, resolve
 
 from .engine import Engine
@@ -72,19 +72,23 @@ class Executor:
         return trainer_pb2.LoadReply(policy_version=self.engine.load(Path(request.path)))
 
     def publish(self, request: trainer_pb2.PublishWeightsRequest) -> trainer_pb2.PublishWeightsReply | None:
-        ws = self.weightsync
+        ws, engine = self.weightsync, self.engine
+        transport = resolve(ws.transport)
         # A GPU transport packs from GPU tensors: gathering to the host first would cross PCIe twice.
-        on_device = self.engine.device.type == "cuda" and device_of(resolve(ws.transport)).type == "cuda"
-        sd = self.engine.full_state_dict(on_device, getattr(torch, ws.cast_dtype) if ws.cast_dtype else None)
-        if self.engine.rank != 0:
+        on_device = engine.device.type == "cuda" and device_of(transport).type == "cuda"
+        dtype = getattr(torch, ws.cast_dtype) if ws.cast_dtype else None
+        address, timeout_s = f"{ws.host}:{ws.grpc_port}", request.timeout_s or ws.timeout_s
+        if ws.all_ranks_send and engine.world > 1 and engine.shares_weights and transport in ("gloo", "nccl"):
+            share = share_plan(engine.hf_layout(dtype), address, ws.bucket_bytes, engine.world, timeout_s)
+            named = engine.gather_share(share.owners(), on_device, dtype)
+            result = publish_share(list(named.items()), share, engine.policy_version, address, timeout_s)
+        else:
+            sd = engine.full_state_dict(on_device, dtype)
+            if engine.rank != 0:
+                return None
+            result = publish(list(sd.items()), engine.policy_version, address, ws.bucket_bytes, timeout_s)
+        if result is None:  # ranks other than 0
             return None
-        result = publish(
-            list(sd.items()),
-            self.engine.policy_version,
-            f"{ws.host}:{ws.grpc_port}",
-            ws.bucket_bytes,
-            request.timeout_s or ws.timeout_s,
-        )
         return trainer_pb2.PublishWeightsReply(
             policy_version=result.policy_version,
             payload_bytes=result.payload_bytes,

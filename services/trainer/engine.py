@@ -112,6 +112,28 @@ class Engine:
         metrics["mismatch/mult_prob_error"] = mult_prob_error(old_N, rollout_N, torch.ones_like(old_N)).item()
         return metrics
 
+    shares_weights = True
+    """Every rank can gather and send its share of a refit (gather_share)."""
+
+    def hf_layout(self, dtype: torch.dtype | None = None) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+        """(name, dtype, full shape) of every tensor of the HF state dict, floating ones as cast to dtype."""
+        out = []
+        for name, t in self.model.state_dict().items():
+            cast = dtype if dtype and t.is_floating_point() else t.dtype
+            out.append((name, str(cast).removeprefix("torch."), tuple(t.shape)))
+        return tuple(out)
+
+    def gather_share(self, owners: dict[str, int], on_device: bool, dtype: torch.dtype | None) -> dict[str, Tensor]:
+        """The full tensors this rank sends (owners[name] == rank), cast to dtype; every rank takes part in
+        every gather, one parameter at a time, and keeps only its own."""
+        out = {}
+        for name, t in self.model.state_dict().items():
+            full = t.full_tensor() if isinstance(t, DTensor) else t
+            if owners.get(name) == self.rank:
+                full = full.detach().to(dtype) if dtype and full.is_floating_point() else full.detach()
+                out[name] = full if on_device and not self.cfg.cpu_offload else full.cpu()
+        return out
+
     def full_state_dict(self, on_device: bool = False, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """The unsharded HF state dict on rank 0, {} on the other ranks: on CPU, or with on_device left on
         this rank's device (a GPU refit then never crosses PCIe), floating tensors cast to dtype if given."""

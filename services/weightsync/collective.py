@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -34,11 +34,11 @@ class CollectiveTransport:
             assert group.backend == "nccl", group.backend
             self.pg = _nccl_group(store, group.rank, group.world_size, timeout)
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.timeout = timeout
+        self.timeout, self.rank = timeout, group.rank
 
-    def _bcast(self, t: torch.Tensor) -> dist.Work:
+    def _bcast(self, t: torch.Tensor, root: int = 0) -> dist.Work:
         opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = 0, 0
+        opts.rootRank, opts.rootTensor = root, 0
         return self.pg.broadcast([t], opts)
 
     def send(self, buckets: Iterable[tuple[int, torch.Tensor]], tag: str) -> None:
@@ -47,11 +47,30 @@ class CollectiveTransport:
         for _, buf in buckets:
             work = self._bcast(buf)
             work.wait()  # NCCL: the current stream waits (no host block); gloo: the transfer is done
+        self._drain(work)
+
+    def send_share(
+        self, own: Iterable[tuple[int, torch.Tensor]], senders: tuple[int, ...], scratch: Callable[[int], torch.Tensor]
+    ) -> None:
+        """One of several senders: broadcast our buckets (`own`, in bucket order) and take part in the
+        other senders' broadcasts of theirs, received into scratch(index) and dropped."""
+        own, work = iter(own), None
+        for index, root in enumerate(senders):
+            if root == self.rank:
+                packed, buf = next(own)
+                assert packed == index, f"bucket {packed} packed where {index} was due"
+            else:
+                buf = scratch(index)
+            work = self._bcast(buf, root)
+            work.wait()
+        self._drain(work)
+
+    def _drain(self, work: dist.Work | None) -> None:
         if work is not None and self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
 
-    def receive(self, index: int, out: torch.Tensor, tag: str) -> None:
-        self._bcast(out).wait()
+    def receive(self, index: int, out: torch.Tensor, tag: str, root: int = 0) -> None:
+        self._bcast(out, root).wait()
 
 
 def _nccl_group(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta):

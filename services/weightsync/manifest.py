@@ -8,8 +8,11 @@ from .checksum import combine, tensor_checksum  # noqa: F401  (re-exported: trai
 from .plan import Slot, TransferPlan
 
 
-def to_manifest(plan: TransferPlan, policy_version: int, checksum_algo: str) -> weights_pb2.WeightManifest:
-    """The plan as a manifest; bucket checksums are filled in when the sender commits."""
+def to_manifest(
+    plan: TransferPlan, policy_version: int, checksum_algo: str, senders: tuple[int, ...] = ()
+) -> weights_pb2.WeightManifest:
+    """The plan as a manifest, each bucket naming its sender; bucket checksums are filled in at the commit."""
+    senders = senders or (0,) * plan.num_buckets
     return weights_pb2.WeightManifest(
         policy_version=policy_version,
         tensors=[
@@ -18,7 +21,10 @@ def to_manifest(plan: TransferPlan, policy_version: int, checksum_algo: str) -> 
             )
             for s in plan.slots
         ],
-        buckets=[weights_pb2.BucketSpec(index=i, nbytes=n) for i, n in enumerate(plan.bucket_nbytes)],
+        buckets=[
+            weights_pb2.BucketSpec(index=i, nbytes=n, sender=r)
+            for i, (n, r) in enumerate(zip(plan.bucket_nbytes, senders, strict=True))
+        ],
         payload_bytes=plan.payload_bytes,
         checksum_algo=checksum_algo,
     )

@@ -108,8 +108,10 @@ def packed_buckets(
     ring: list[torch.Tensor],
     sums: list,
     wait_free: Callable[[int], None] | None = None,
+    indices: list[int] | None = None,
 ) -> Iterator[tuple[int, torch.Tensor]]:
-    """Yield (index, buffer) in order; a buffer is reused once the consumer asked for the next one.
+    """Yield (index, buffer) in order for the buckets `indices` (default all, one sender's share
+    otherwise); a buffer is reused once the consumer asked for the next one.
 
     On GPU the buffer is ready on the current stream when yielded, and the consumer must have enqueued
     its use of it on the current stream before asking for the next. `sums` receives each bucket's
@@ -117,60 +119,63 @@ def packed_buckets(
     until readers in other processes are done with bucket j, before its buffer is packed again.
     """
     assert all(b.numel() >= max(plan.bucket_nbytes) for b in ring), "ring buffers smaller than a bucket"
+    indices = list(range(plan.num_buckets)) if indices is None else indices
     if ring[0].device.type == "cuda":
-        yield from _device_ring(plan, lookup, ring, sums, wait_free)
+        yield from _device_ring(plan, lookup, ring, sums, wait_free, indices)
     else:
-        yield from _host_ring(plan, lookup, ring, sums)
+        yield from _host_ring(plan, lookup, ring, sums, indices)
 
 
-def _host_ring(plan, lookup, ring, sums) -> Iterator[tuple[int, torch.Tensor]]:
-    def pack(i: int) -> tuple[torch.Tensor, str]:
-        buf = ring[i % len(ring)][: plan.bucket_nbytes[i]]
+def _host_ring(plan, lookup, ring, sums, indices: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+    def pack(k: int) -> tuple[torch.Tensor, str]:
+        i = indices[k]
+        buf = ring[k % len(ring)][: plan.bucket_nbytes[i]]
         pack_into(buf, plan, i, lookup)
         return buf, cs.bucket_checksum(buf, "crc32")
 
     with ThreadPoolExecutor(1, thread_name_prefix="weightsync-pack") as pool:
-        ahead = {i: pool.submit(pack, i) for i in range(len(ring))}
-        for i in range(plan.num_buckets):
-            buf, digest = ahead.pop(i).result()
+        ahead = {k: pool.submit(pack, k) for k in range(min(len(ring), len(indices)))}
+        for k, i in enumerate(indices):
+            buf, digest = ahead.pop(k).result()
             sums.append(digest)
             yield i, buf
-            # The consumer came back: buffer i % len(ring) is free for bucket i + len(ring).
-            if i + len(ring) < plan.num_buckets:
-                ahead[i + len(ring)] = pool.submit(pack, i + len(ring))
+            # The consumer came back: buffer k % len(ring) is free for the share's bucket k + len(ring).
+            if k + len(ring) < len(indices):
+                ahead[k + len(ring)] = pool.submit(pack, k + len(ring))
 
 
-def _device_ring(plan, lookup, ring, sums, wait_free) -> Iterator[tuple[int, torch.Tensor]]:
+def _device_ring(plan, lookup, ring, sums, wait_free, indices: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream(device=main.device)
     side.wait_stream(main)  # the source tensors were produced on the main stream
     freed: list[torch.cuda.Event | None] = [None] * len(ring)
     ready: dict[int, torch.cuda.Event] = {}
+    n = len(indices)  # positions k in this sender's share; bucket indices[k] goes to ring[k % len(ring)]
 
-    def enqueue(j: int) -> None:
-        k = j % len(ring)
-        if wait_free is not None and j >= len(ring):
-            wait_free(j - len(ring))
+    def enqueue(k: int) -> None:
+        slot = k % len(ring)
+        if wait_free is not None and k >= len(ring):
+            wait_free(indices[k - len(ring)])
         with torch.cuda.stream(side):
-            if freed[k] is not None:
-                side.wait_event(freed[k])
-            sums.append(pack_sum64(ring[k][: plan.bucket_nbytes[j]], plan, j, lookup))
-            ready[j] = side.record_event()
+            if freed[slot] is not None:
+                side.wait_event(freed[slot])
+            sums.append(pack_sum64(ring[slot][: plan.bucket_nbytes[indices[k]]], plan, indices[k], lookup))
+            ready[k] = side.record_event()
 
-    for j in range(len(ring) - 1):
-        enqueue(j)
-    for i in range(plan.num_buckets):
-        ahead = i + len(ring) - 1 if i + len(ring) - 1 < plan.num_buckets else None
+    for k in range(min(len(ring) - 1, n)):
+        enqueue(k)
+    for k in range(n):
+        ahead = k + len(ring) - 1 if k + len(ring) - 1 < n else None
         # Packing runs len(ring) - 1 buckets ahead, into buffers whose sends are already enqueued, so
-        # it overlaps the send of bucket i even when the transport blocks the host. With readers in
-        # other processes (wait_free) bucket i is handed out first, so they copy it while we pack;
-        # unless the ring has one buffer, where bucket i itself is the one to pack.
-        early = ahead is not None and (wait_free is None or ahead == i)
+        # it overlaps the send of bucket k even when the transport blocks the host. With readers in
+        # other processes (wait_free) bucket k is handed out first, so they copy it while we pack;
+        # unless the ring has one buffer, where bucket k itself is the one to pack.
+        early = ahead is not None and (wait_free is None or ahead == k)
         if early:
             enqueue(ahead)
-        main.wait_event(ready.pop(i))
-        yield i, ring[i % len(ring)][: plan.bucket_nbytes[i]]
-        freed[i % len(ring)] = main.record_event()
+        main.wait_event(ready.pop(k))
+        yield indices[k], ring[k % len(ring)][: plan.bucket_nbytes[indices[k]]]
+        freed[k % len(ring)] = main.record_event()
         if ahead is not None and not early:
             enqueue(ahead)
     main.wait_stream(side)  # nothing allocated on the side stream may be freed before main caught up

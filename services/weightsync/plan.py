@@ -157,3 +157,16 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def bucket_senders(bucket_nbytes: tuple[int, ...], num_senders: int) -> tuple[int, ...]:
+    """Sender rank of each bucket: contiguous runs of buckets, about equal in bytes, one run per sender;
+    the first bucket is rank 0's (with fewer buckets than senders, the last ranks send none)."""
+    if num_senders < 1:
+        raise ValueError(f"num_senders must be >= 1, got {num_senders}")
+    total, out, done = sum(bucket_nbytes), [], 0
+    for n in bucket_nbytes:
+        # The bucket goes to the sender whose equal share its first byte falls in.
+        out.append(min(num_senders - 1, done * num_senders // total) if total else 0)
+        done += n
+    return tuple(out)

@@ -25,7 +25,8 @@ def receive_version(request: rollout_pb2.LoadWeightsRequest) -> tuple[list[tuple
     transport = None
     try:
         transport = open_group(group, request.source)
-        buckets, sums = receive_buckets(transport, list(plan.bucket_nbytes), m.checksum_algo, request.refit_id)
+        senders = [b.sender for b in m.buckets]
+        buckets, sums = receive_buckets(transport, list(plan.bucket_nbytes), m.checksum_algo, request.refit_id, senders)
     except Exception as e:
         drop_group(group)
         raise PeerError(f"transfer of version {m.policy_version} from {sender} failed: {_first_line(e)}") from e

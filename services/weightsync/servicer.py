@@ -72,6 +72,12 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
             raise ValueError("manifest needs tensors and buckets")
         if request.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {request.timeout_s}")
+        num_senders = max(1, request.num_senders)
+        if num_senders > 1 and self.transport not in ("gloo", "nccl"):
+            raise ValueError(f"several senders need a collective transport (gloo, nccl), not {self.transport}")
+        bad = [b.index for b in m.buckets if b.sender >= num_senders]
+        if bad:
+            raise ValueError(f"buckets {bad[:5]} name a sender outside the {num_senders} senders")
         refit_id = uuid.uuid4().hex
         with self._lock:
             members = tuple(sorted(self._endpoints))
@@ -79,16 +85,17 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
                 raise PreconditionError("no rollout endpoint registered")
             # A new membership, a new sender (a restarted trainer) or a failed transfer needs a new
             # rendezvous: receivers would otherwise wait in the old group for a sender that left it.
-            if (request.source.sender_id, members) != self._group_members:
-                self._epoch, self._group_members = self._epoch + 1, (request.source.sender_id, members)
+            if (request.source.sender_id, num_senders, members) != self._group_members:
+                self._epoch, self._group_members = self._epoch + 1, (request.source.sender_id, num_senders, members)
             group = weights_pb2.TransferGroup(
                 store_host=self.cfg.host,
                 store_port=self.store_port,
                 prefix=f"refit/{self._epoch}",
-                world_size=len(members) + 1,
+                world_size=len(members) + num_senders,
                 rank=0,
                 backend=self.transport,
                 timeout_s=request.timeout_s,
+                num_senders=num_senders,
             )
             refit = _Refit(request, list(members))
             self._refits[refit_id] = refit
@@ -100,7 +107,7 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
         return weightsync_pb2.PublishReply(refit_id=refit_id, group=group, num_endpoints=len(members))
 
     def _fan_out(self, refit: _Refit, refit_id: str, targets: list[tuple[str, str]], group) -> None:
-        for rank, (endpoint, address) in enumerate(targets, start=1):
+        for rank, (endpoint, address) in enumerate(targets, start=max(1, group.num_senders)):
             g = weights_pb2.TransferGroup()
             g.CopyFrom(group)
             g.rank = rank

@@ -84,18 +84,25 @@ def drop_group(group) -> None:
 
 
 def receive_buckets(
-    transport: WeightTransport, sizes: list[int], algo: str, tag: str
+    transport: WeightTransport, sizes: list[int], algo: str, tag: str, senders: list[int] | None = None
 ) -> tuple[list[torch.Tensor], list[str]]:
     """Receive every bucket into fresh buffers, checksumming each while the next one arrives.
 
     The buffers hold the whole version until the caller verified it against the sender's commit:
     only then may an engine see any of it (a failed refit leaves the previous version in service).
+    `senders` names each bucket's sending rank where several trainer ranks send (collective transports).
     """
     out = [torch.empty(n, dtype=torch.uint8, device=transport.device) for n in sizes]
+
+    def receive(i: int, buf: torch.Tensor):
+        if senders and any(senders):  # only the collective transport takes other roots than 0
+            return transport.receive(i, buf, tag, root=senders[i])
+        return transport.receive(i, buf, tag)
+
     if transport.device.type == "cuda":
         main, side, sums = torch.cuda.current_stream(), torch.cuda.Stream(), []
         for i, buf in enumerate(out):
-            summed = transport.receive(i, buf, tag)  # cuda_ipc: summed inside its copy, on main
+            summed = receive(i, buf)  # cuda_ipc: summed inside its copy, on main
             if summed is None:
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
@@ -106,6 +113,6 @@ def receive_buckets(
     with ThreadPoolExecutor(1, thread_name_prefix="weightsync-sum") as pool:
         futures = []
         for i, buf in enumerate(out):
-            transport.receive(i, buf, tag)
+            receive(i, buf)
             futures.append(pool.submit(cs.bucket_checksum, buf, algo))
         return out, [f.result() for f in futures]

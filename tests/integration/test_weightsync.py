@@ -148,6 +148,55 @@ publish(named, 2, sys.argv[1], bucket_bytes=4096, timeout_s=20, sender_id="train
 """
 
 
+SHARED_SENDER = """
+import json, sys
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from services.weightsync.client import publish_share, share_plan
+from services.weightsync.plan import layout_of
+
+dist.init_process_group("gloo")
+ws, weights, out = sys.argv[1:4]
+g = torch.Generator().manual_seed(5)
+named = [(n, torch.randn(t.shape, generator=g)) for n, t in sorted(load_file(weights).items())]
+share = share_plan(layout_of(named), ws, 4096, dist.get_world_size(), 20)
+owners = share.owners()
+mine = [(n, t) for n, t in named if owners[n] == dist.get_rank()]
+result = publish_share(mine, share, 4, ws, 20, sender_id="two-rank-trainer")
+counts = [None] * dist.get_world_size()
+dist.all_gather_object(counts, len(mine))
+if result is not None:
+    json.dump({"checksum": result.checksum, "received": result.received_checksums, "senders": list(share.senders),
+               "verified": result.num_readback_verified, "tensors_per_rank": counts}, open(out, "w"))
+dist.destroy_process_group()
+"""
+
+
+def test_every_trainer_rank_sends_its_share_and_the_version_arrives_whole(services, tiny_model, redis_url, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    ws, rollouts = _start(services, tiny_model, redis_url, "hf", num_workers=2)
+    script, out = tmp_path / "shared_sender.py", tmp_path / "result.json"
+    script.write_text(SHARED_SENDER)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    proc = subprocess.run([*cmd, ws, str(tiny_model / "model.safetensors"), str(out)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert set(r["senders"]) == {0, 1} and all(r["tensors_per_rank"])  # both ranks sent buckets
+    # Every endpoint's checksum over all buckets, both ranks' shares, equals the committed one.
+    assert set(r["received"].values()) == {r["checksum"]} and len(r["received"]) == 2
+    assert r["verified"] == sum(r["tensors_per_rank"])  # every rank checked what the engines read back of its share
+    assert [_info(a).policy_version for a in rollouts] == [4, 4]
+    # A plain single-sender refit into the same endpoints still works after the two-sender group.
+    result = publish(_new_weights(tiny_model, seed=6), 5, ws, bucket_bytes=4096, timeout_s=20)
+    assert set(result.received_checksums.values()) == {result.checksum}
+    assert [_info(a).policy_version for a in rollouts] == [5, 5]
+
+
 def _status(ws: str) -> weightsync_pb2.StatusReply:
     with channel(ws) as ch:
         return weightsync_pb2_grpc.WeightSyncStub(ch).Status(weightsync_pb2.StatusRequest(), timeout=5)

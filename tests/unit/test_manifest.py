@@ -4,7 +4,7 @@ import torch
 from services.weightsync import checksum as cs
 from services.weightsync import manifest as mf
 from services.weightsync.pack import expected_tensor, new_ring, packed_buckets, unpack
-from services.weightsync.plan import ALIGN_BYTES, ReceiverLayout, layout_of, make_plan
+from services.weightsync.plan import ALIGN_BYTES, ReceiverLayout, bucket_senders, layout_of, make_plan
 
 
 def _named():
@@ -100,3 +100,44 @@ def test_manifest_outside_its_bucket_is_rejected():
     m.tensors[0].offset = m.buckets[0].nbytes
     with pytest.raises(ValueError, match="outside its bucket"):
         mf.plan_of(m)
+
+
+@pytest.mark.parametrize("num_senders", [1, 2, 3, 5])
+def test_bucket_senders_give_each_rank_one_contiguous_run_of_about_equal_bytes(num_senders):
+
+    sizes = tuple([64 * k for k in (5, 1, 9, 3, 3, 7, 2, 8, 4, 6)])
+    senders = bucket_senders(sizes, num_senders)
+    assert list(senders) == sorted(senders) and set(senders) <= set(range(num_senders))
+    share = [sum(n for n, r in zip(sizes, senders) if r == k) for k in range(num_senders)]
+    # No rank is more than one bucket away from an equal share.
+    assert max(share) - sum(sizes) / num_senders <= max(sizes)
+    if num_senders <= len(sizes) // 2:
+        assert all(share), share  # with enough buckets every rank sends some
+
+
+def test_one_sender_sends_every_bucket():
+
+    assert bucket_senders((64, 128, 64), 1) == (0, 0, 0)
+    with pytest.raises(ValueError, match="num_senders"):
+        bucket_senders((64,), 0)
+
+
+def test_a_senders_share_packs_exactly_those_buckets_as_the_whole_plan_does():
+    named = _named()
+    plan = make_plan(layout_of(named), ReceiverLayout(), 256)
+    assert plan.num_buckets >= 3
+    whole_sums: list = []
+    whole = {
+        i: buf.clone()
+        for i, buf in packed_buckets(plan, dict(named), new_ring(plan, torch.device("cpu"), 2), whole_sums)
+    }
+    share, share_sums = [0, plan.num_buckets - 1], []
+    got = {
+        i: buf.clone()
+        for i, buf in packed_buckets(
+            plan, dict(named), new_ring(plan, torch.device("cpu"), 2), share_sums, indices=share
+        )
+    }
+    assert list(got) == share
+    assert all(torch.equal(got[i], whole[i]) for i in share)
+    assert share_sums == [whole_sums[i] for i in share]

@@ -23,14 +23,16 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., bucket: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class BucketSpec(_message.Message):
-    __slots__ = ("index", "nbytes", "checksum")
+    __slots__ = ("index", "nbytes", "checksum", "sender")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
     index: int
     nbytes: int
     checksum: str
-    def __init__(self, index: _Optional[int] = ..., nbytes: _Optional[int] = ..., checksum: _Optional[str] = ...) -> None: ...
+    sender: int
+    def __init__(self, index: _Optional[int] = ..., nbytes: _Optional[int] = ..., checksum: _Optional[str] = ..., sender: _Optional[int] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
     __slots__ = ("policy_version", "tensors", "buckets", "checksum", "payload_bytes", "checksum_algo")
@@ -49,7 +51,7 @@ class WeightManifest(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketSpec, _Mapping]]] = ..., checksum: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., checksum_algo: _Optional[str] = ...) -> None: ...
 
 class TransferGroup(_message.Message):
-    __slots__ = ("store_host", "store_port", "prefix", "world_size", "rank", "backend", "timeout_s")
+    __slots__ = ("store_host", "store_port", "prefix", "world_size", "rank", "backend", "timeout_s", "num_senders")
     STORE_HOST_FIELD_NUMBER: _ClassVar[int]
     STORE_PORT_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +59,7 @@ class TransferGroup(_message.Message):
     RANK_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_SENDERS_FIELD_NUMBER: _ClassVar[int]
     store_host: str
     store_port: int
     prefix: str
@@ -64,7 +67,8 @@ class TransferGroup(_message.Message):
     rank: int
     backend: str
     timeout_s: float
-    def __init__(self, store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., prefix: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    num_senders: int
+    def __init__(self, store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., prefix: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[float] = ..., num_senders: _Optional[int] = ...) -> None: ...
 
 class CudaIpcBuffer(_message.Message):
     __slots__ = ("device_uuid", "handle", "storage_size_bytes", "storage_offset_bytes", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required", "nbytes")

@@ -40,14 +40,16 @@ class ReceiverLayout(_message.Message):
     def __init__(self, transport: _Optional[str] = ..., cast_dtype: _Optional[str] = ..., fuse: _Optional[_Iterable[str]] = ..., num_buffers: _Optional[int] = ..., ucxx_host: _Optional[str] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("manifest", "timeout_s", "source")
+    __slots__ = ("manifest", "timeout_s", "source", "num_senders")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NUM_SENDERS_FIELD_NUMBER: _ClassVar[int]
     manifest: _weights_pb2.WeightManifest
     timeout_s: float
     source: _weights_pb2.DataSource
-    def __init__(self, manifest: _Optional[_Union[_weights_pb2.WeightManifest, _Mapping]] = ..., timeout_s: _Optional[float] = ..., source: _Optional[_Union[_weights_pb2.DataSource, _Mapping]] = ...) -> None: ...
+    num_senders: int
+    def __init__(self, manifest: _Optional[_Union[_weights_pb2.WeightManifest, _Mapping]] = ..., timeout_s: _Optional[float] = ..., source: _Optional[_Union[_weights_pb2.DataSource, _Mapping]] = ..., num_senders: _Optional[int] = ...) -> None: ...
 
 class PublishReply(_message.Message):
     __slots__ = ("refit_id", "group", "num_endpoints")

@@ -37,6 +37,8 @@ _DEFAULT_CHUNK = 4096
 
 
 class MegatronEngine(Engine):
+    shares_weights = False  # refit goes through rank 0 (TP shards gathered there)
+
     def __init__(self, model, ref_model, optimizer, cfg: TrainerSection, model_dir: Path, device, shape, lay):
         self.model, self.ref_model, self.optimizer = model, ref_model, optimizer
         self.cfg, self.model_dir, self.device = cfg, model_dir, device
