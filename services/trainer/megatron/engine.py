@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,8 +38,6 @@ _DEFAULT_CHUNK = 4096
 
 
 class MegatronEngine(Engine):
-    shares_weights = False  # refit goes through rank 0 (TP shards gathered there)
-
     def __init__(self, model, ref_model, optimizer, cfg: TrainerSection, model_dir: Path, device, shape, lay):
         self.model, self.ref_model, self.optimizer = model, ref_model, optimizer
         self.cfg, self.model_dir, self.device = cfg, model_dir, device
@@ -173,33 +172,54 @@ class MegatronEngine(Engine):
 
     # -- weights out -----------------------------------------------------------------------------------
 
+    @property
+    def shares_weights(self) -> bool:
+        """Every rank can gather and send its share of a refit where all layers are on every rank (no PP)."""
+        return ps.get_pipeline_model_parallel_world_size() == 1
+
+    def _hf_tensors(self, gather: bool = True) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full tensor) of this stage's parameters, every rank of a TP group taking part in each
+        gather; gather=False: meta tensors of the full shapes, without communication."""
+        tp = self.layout.tp_size
+        for name, param in self.model.module.named_parameters():
+            if name == "output_layer.weight" and self.shape.tied:
+                continue  # a copy of the embedding on a last stage without it
+            split = tp > 1 and getattr(param, "tensor_model_parallel", False)
+            if not gather:
+                shards = [torch.empty(param.shape, dtype=param.dtype, device="meta")] * (tp if split else 1)
+            elif split:
+                shards = [torch.empty_like(param.data) for _ in range(tp)]
+                dist.all_gather(shards, param.data.contiguous(), group=self.tp_group)
+            else:
+                shards = [param.data]
+            for hf_name, t in mapping.to_hf(name, shards, self.layout).items():
+                yield hf_name, t
+                if hf_name == "model.embed_tokens.weight" and self.shape.tied:
+                    yield "lm_head.weight", t  # vLLM and the rollout engines load lm_head by name
+
+    def hf_layout(self, dtype: torch.dtype | None = None) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+        return tuple((k, _dtype_name(_cast(v, dtype)), tuple(v.shape)) for k, v in self._hf_tensors(gather=False))
+
+    @torch.no_grad()
+    def gather_share(self, owners: dict[str, int], on_device: bool, dtype: torch.dtype | None) -> dict[str, Tensor]:
+        share = {k: _cast(v, dtype) for k, v in self._hf_tensors() if owners.get(k) == self.rank}
+        return share if on_device else {k: v.cpu() for k, v in share.items()}
+
     @torch.no_grad()
     def full_state_dict(self, on_device: bool = False, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """The HF state dict (TP shards gathered, every stage's layers) on rank 0, {} elsewhere: on CPU, or
         with on_device on this rank's GPU (pipeline stages other than rank 0's still come through the host)."""
-        module = self.model.module
-        tp = self.layout.tp_size
-        mine: dict[str, Tensor] = {}
-        for name, param in module.named_parameters():
-            if name == "output_layer.weight" and self.shape.tied:
-                continue  # a copy of the embedding on a last stage without it
-            shards = [param.data]
-            if tp > 1 and getattr(param, "tensor_model_parallel", False):
-                shards = [torch.empty_like(param.data) for _ in range(tp)]
-                dist.all_gather(shards, param.data.contiguous(), group=self.tp_group)
-            if self.dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0:
-                for k, v in mapping.to_hf(name, shards, self.layout).items():
-                    v = v.to(dtype) if dtype and v.is_floating_point() else v
-                    mine[k] = v if on_device and ps.get_pipeline_model_parallel_world_size() == 1 else v.cpu()
+        keep = on_device and ps.get_pipeline_model_parallel_world_size() == 1
+        writer = self.dp_rank == 0 and ps.get_tensor_model_parallel_rank() == 0
+        mine = {}
+        for k, v in self._hf_tensors():
+            if writer:
+                mine[k] = _cast(v, dtype) if keep else _cast(v, dtype).cpu()
         if ps.get_pipeline_model_parallel_world_size() > 1:
             parts = [None] * self.world if self.rank == 0 else None
             dist.gather_object(mine, parts, dst=0)
             mine = {k: v for p in parts or [] for k, v in p.items()}
-        if self.rank != 0:
-            return {}
-        if self.shape.tied:
-            mine["lm_head.weight"] = mine["model.embed_tokens.weight"]
-        return mine
+        return mine if self.rank == 0 else {}
 
     def save(self, path: Path, train_state: bool = True) -> dict[str, str]:
         if train_state:
@@ -217,6 +237,14 @@ class MegatronEngine(Engine):
 
     def load(self, path: Path) -> int:
         raise ValueError("the megatron backend restores from its HF export only: start the trainer on it")
+
+
+def _cast(t: Tensor, dtype: torch.dtype | None) -> Tensor:
+    return t.to(dtype) if dtype and t.is_floating_point() else t
+
+
+def _dtype_name(t: Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 def build(cfg: RunConfig, device: torch.device) -> MegatronEngine:
