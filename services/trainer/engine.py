@@ -275,8 +275,16 @@ class Engine:
 
     def _microbatch_loss(self, mb: Packed, batch: BatchTokens) -> tuple[Tensor, Tensor, Tensor]:
         """Scaled loss to backward, detached sums of [weighted loss, kl, entropy, is_weight], detached logprobs."""
-        idx_R = mb.token_index_R.to(self.device)
         logp_R, entropy_R = self._forward(self.model, mb, with_entropy=self.cfg.entropy_coef > 0)
+        loss, stats = self._token_loss(mb, batch, logp_R, entropy_R)
+        # FSDP2 averages gradients over ranks; the weights already hold the batch-wide normaliser, so
+        # scaling by world size gives the exact gradient however tokens are spread over the ranks.
+        return loss * self.world, stats, logp_R.detach()
+
+    def _token_loss(self, mb: Packed, batch: BatchTokens, logp_R: Tensor, entropy_R: Tensor | None):
+        """The micro-batch's weighted objective summed over its tokens, and detached sums of [weighted loss,
+        kl, entropy, is_weight]."""
+        idx_R = mb.token_index_R.to(self.device)
         inputs = TokenInputs(
             logp_R=logp_R,
             # With one optimizer step per batch pi_old, the clip range's anchor, is the policy of this very
@@ -291,13 +299,9 @@ class Engine:
         )
         terms = token_objective(self.cfg, inputs)
         weighted_R = terms.loss_R * batch.weights_N[idx_R]
-        # FSDP2 averages gradients over ranks; the weights already hold the batch-wide normaliser, so
-        # scaling by world size gives the exact gradient however tokens are spread over the ranks.
         entropy_sum = torch.zeros((), device=self.device) if entropy_R is None else entropy_R.detach().sum()
-        stats = torch.stack(
-            [weighted_R.detach().sum(), terms.kl_R.detach().sum(), entropy_sum, terms.is_weight_R.sum()]
-        )
-        return weighted_R.sum() * self.world, stats, logp_R.detach()
+        sums = [weighted_R.detach().sum(), terms.kl_R.detach().sum(), entropy_sum, terms.is_weight_R.sum()]
+        return weighted_R.sum(), torch.stack(sums)
 
     def _max_over_ranks(self, values: list[float]) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)

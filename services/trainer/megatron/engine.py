@@ -25,7 +25,6 @@ from .. import checkpoint
 from ..engine import BatchTokens, Engine
 from ..head import compile_head
 from ..losses import mult_prob_error, token_logprobs_and_entropy
-from ..objective import TokenInputs, token_objective
 from ..packing import Packed, Seq, pack, plan, response_offsets
 from . import head, mapping
 from . import model as mm
@@ -133,6 +132,7 @@ class MegatronEngine(Engine):
             if self.writer:
                 sums_4.add_(stats_4)
                 old_N[mb.token_index_R.to(self.device)] = logp_R.detach()
+            # Summed, not averaged: with calculate_per_token_loss the schedule and DDP leave it unscaled.
             return weighted, one, {}
 
         self.model.train()
@@ -148,27 +148,6 @@ class MegatronEngine(Engine):
         mismatch = mult_prob_error(old_N, batch.rollout_logp_N, torch.ones_like(old_N)).item()
         metrics = self._loss_metrics(sums_4, old_N.numel())
         return {**metrics, "grad_norm": float(grad_norm), "mismatch/mult_prob_error": mismatch}
-
-    def _token_loss(self, mb: Packed, batch: BatchTokens, logp_R: Tensor, entropy_R: Tensor | None):
-        idx_R = mb.token_index_R.to(self.device)
-        inputs = TokenInputs(
-            logp_R=logp_R,
-            # One optimizer step per batch: pi_old is this forward's policy (see Engine._microbatch_loss).
-            old_logp_R=logp_R.detach() if batch.old_logp_N is None else batch.old_logp_N[idx_R],
-            advantages_R=batch.advantages_N[idx_R],
-            rollout_logp_R=batch.rollout_logp_N[idx_R],
-            ref_logp_R=None if batch.ref_logp_N is None else batch.ref_logp_N[idx_R],
-            entropy_R=entropy_R,
-            segment_R=mb.segment_R.to(self.device),
-            num_segments=len(mb.seq_indices),
-        )
-        terms = token_objective(self.cfg, inputs)
-        weighted_R = terms.loss_R * batch.weights_N[idx_R]
-        entropy_sum = torch.zeros((), device=self.device) if entropy_R is None else entropy_R.detach().sum()
-        sums = [weighted_R.detach().sum(), terms.kl_R.detach().sum(), entropy_sum, terms.is_weight_R.sum()]
-        stats = torch.stack(sums)
-        # Summed, not averaged: the schedule and DDP leave per-token losses unscaled (calculate_per_token_loss).
-        return weighted_R.sum(), stats
 
     # -- weights out -----------------------------------------------------------------------------------
 
