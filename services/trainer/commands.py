@@ -79,7 +79,9 @@ class Executor:
         dtype = getattr(torch, ws.cast_dtype) if ws.cast_dtype else None
         address, timeout_s = f"{ws.host}:{ws.grpc_port}", request.timeout_s or ws.timeout_s
         if ws.all_ranks_send and engine.world > 1 and engine.shares_weights and transport in ("gloo", "nccl"):
-            share = share_plan(engine.hf_layout(dtype), address, ws.bucket_bytes, engine.world, timeout_s)
+            share = share_plan(engine.hf_layout(dtype), address, ws.bucket_bytes, timeout_s)
+            if share is None:  # rank 0 raised: the weightsync service could not be asked
+                return None
             named = engine.gather_share(share.owners(), on_device, dtype)
             result = publish_share(list(named.items()), share, engine.policy_version, address, timeout_s)
         else:

@@ -142,13 +142,32 @@ class SharePlan:
         return {src: self.senders[slot.bucket] for slot in self.plan.slots for src in slot.sources}
 
 
-def share_plan(layout: SenderLayout, address: str, bucket_bytes: int, num_senders: int, timeout_s: float) -> SharePlan:
-    with channel(address) as ch:
-        wanted = weightsync_pb2_grpc.WeightSyncStub(ch).Layout(weightsync_pb2.LayoutRequest(), timeout=timeout_s)
-    if wanted.transport not in ("gloo", "nccl"):
-        raise ValueError(f"several senders need a collective transport (gloo, nccl), not {wanted.transport}")
-    plan = make_plan(layout, ReceiverLayout(wanted.cast_dtype, tuple(wanted.fuse)), bucket_bytes)
-    return SharePlan(plan, bucket_senders(plan.bucket_nbytes, num_senders), wanted.transport)
+def share_plan(
+    layout: SenderLayout, address: str, bucket_bytes: int, timeout_s: float, group: dist.ProcessGroup | None = None
+) -> SharePlan | None:
+    """Collective over the sending ranks: rank 0 asks the weightsync service how the receivers want the
+    weights and tells the others, and every rank plans alike. If that fails rank 0 raises and the other
+    ranks get None (they must not fail: a trainer rank that raises takes the trainer down)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    wanted: list = [None]
+    failure = None
+    if rank == 0:
+        try:
+            with channel(address) as ch:
+                reply = weightsync_pb2_grpc.WeightSyncStub(ch).Layout(weightsync_pb2.LayoutRequest(), timeout=timeout_s)
+            if reply.transport not in ("gloo", "nccl"):
+                raise ValueError(f"several senders need a collective transport (gloo, nccl), not {reply.transport}")
+            wanted = [reply.SerializeToString()]
+        except Exception as e:
+            failure, wanted = e, [""]
+    dist.broadcast_object_list(wanted, src=0, group=group)
+    if failure is not None:
+        raise failure
+    if not wanted[0]:
+        return None
+    reply = weightsync_pb2.ReceiverLayout.FromString(wanted[0])
+    plan = make_plan(layout, ReceiverLayout(reply.cast_dtype, tuple(reply.fuse)), bucket_bytes)
+    return SharePlan(plan, bucket_senders(plan.bucket_nbytes, world), reply.transport)
 
 
 def publish_share(
@@ -182,6 +201,8 @@ def publish_share(
                 announced = [f"{type(e).__name__}: {e}"]
         dist.broadcast_object_list(announced, src=0, group=group)
         if isinstance(announced[0], str):
+            if rank != 0:
+                return None  # rank 0 raises for the trainer
             raise RefitError(f"version {policy_version} not announced: {announced[0]}")
         reply = weightsync_pb2.PublishReply.FromString(announced[0])
         own, sums, error = [i for i, r in enumerate(senders) if r == rank], [], ""

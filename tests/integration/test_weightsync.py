@@ -160,7 +160,7 @@ dist.init_process_group("gloo")
 ws, weights, out = sys.argv[1:4]
 g = torch.Generator().manual_seed(5)
 named = [(n, torch.randn(t.shape, generator=g)) for n, t in sorted(load_file(weights).items())]
-share = share_plan(layout_of(named), ws, 4096, dist.get_world_size(), 20)
+share = share_plan(layout_of(named), ws, 4096, 20)
 owners = share.owners()
 mine = [(n, t) for n, t in named if owners[n] == dist.get_rank()]
 result = publish_share(mine, share, 4, ws, 20, sender_id="two-rank-trainer")
