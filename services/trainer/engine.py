@@ -112,8 +112,11 @@ class Engine:
         metrics["mismatch/mult_prob_error"] = mult_prob_error(old_N, rollout_N, torch.ones_like(old_N)).item()
         return metrics
 
-    shares_weights = True
-    """Every rank can gather and send its share of a refit (gather_share)."""
+    @property
+    def shares_weights(self) -> bool:
+        """Every rank can gather and send its share of a refit (gather_share); offloaded shards of a GPU
+        run are gathered through the host, by rank 0 (full_state_dict)."""
+        return not (self.cfg.cpu_offload and self.device.type == "cuda")
 
     def hf_layout(self, dtype: torch.dtype | None = None) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
         """(name, dtype, full shape) of every tensor of the HF state dict, floating ones as cast to dtype."""
@@ -131,18 +134,14 @@ class Engine:
             full = t.full_tensor() if isinstance(t, DTensor) else t
             if owners.get(name) == self.rank:
                 full = full.detach().to(dtype) if dtype and full.is_floating_point() else full.detach()
-                out[name] = full if on_device and not self.cfg.cpu_offload else full.cpu()
+                out[name] = full if on_device else full.cpu()
         return out
 
     def full_state_dict(self, on_device: bool = False, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """The unsharded HF state dict on rank 0, {} on the other ranks: on CPU, or with on_device left on
         this rank's device (a GPU refit then never crosses PCIe), floating tensors cast to dtype if given."""
-        if on_device and not self.cfg.cpu_offload:  # offloaded shards are gathered through the host anyway
-            sd = {}
-            for name, t in self.model.state_dict().items():  # one parameter gathered at a time
-                full = t.full_tensor() if isinstance(t, DTensor) else t
-                if self.rank == 0:
-                    sd[name] = full.detach().to(dtype) if dtype and full.is_floating_point() else full.detach()
+        if on_device and self.shares_weights:
+            sd = self.gather_share(dict.fromkeys(self.model.state_dict(), 0), True, dtype)  # all of it on rank 0
         else:
             sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             if dtype:
