@@ -11,7 +11,8 @@ from google.protobuf.message import Message
 
 from protos.grpo.v1 import trainer_pb2
 from services.common.config import WeightsyncSection
-from services.weightsync.client import publish, publish_share, share_plan
+from services.weightsync.client import publish
+from services.weightsync.share import publish_share, share_plan
 from services.weightsync.transport import device_of, resolve
 
 from .engine import Engine

@@ -153,7 +153,7 @@ import json, sys
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from services.weightsync.client import publish_share, share_plan
+from services.weightsync.share import publish_share, share_plan
 from services.weightsync.plan import layout_of
 
 dist.init_process_group("gloo")
