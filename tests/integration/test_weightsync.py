@@ -158,6 +158,19 @@ from services.weightsync.plan import layout_of
 
 dist.init_process_group("gloo")
 ws, weights, out = sys.argv[1:4]
+if sys.argv[4:] == ["die"] and dist.get_rank() == 1:  # rank 1 dies once its first bucket is through
+    import os, signal
+    from services.weightsync import collective
+    bcast = collective.CollectiveTransport._bcast
+
+    def bcast_then_die(self, t, root=0):
+        work = bcast(self, t, root)
+        if root == self.rank:
+            work.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return work
+
+    collective.CollectiveTransport._bcast = bcast_then_die
 g = torch.Generator().manual_seed(5)
 named = [(n, torch.randn(t.shape, generator=g)) for n, t in sorted(load_file(weights).items())]
 share = share_plan(layout_of(named), ws, 4096, 20)
@@ -195,6 +208,35 @@ def test_every_trainer_rank_sends_its_share_and_the_version_arrives_whole(servic
     result = publish(_new_weights(tiny_model, seed=6), 5, ws, bucket_bytes=4096, timeout_s=20)
     assert set(result.received_checksums.values()) == {result.checksum}
     assert [_info(a).policy_version for a in rollouts] == [5, 5]
+
+
+def test_a_sending_rank_killed_mid_refit_fails_it_within_the_deadline_and_the_next_refit_succeeds(
+    services, tiny_model, redis_url, tmp_path
+):
+    import subprocess
+    import sys
+    import time
+
+    ws, rollouts = _start(services, tiny_model, redis_url, "hf", num_workers=2)
+    publish(_new_weights(tiny_model, seed=1), 1, ws, bucket_bytes=4096, timeout_s=20)
+    script = tmp_path / "shared_sender.py"
+    script.write_text(SHARED_SENDER)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    start = time.monotonic()
+    proc = subprocess.run([*cmd, ws, str(tiny_model / "model.safetensors"), str(tmp_path / "r.json"), "die"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode != 0 and not (tmp_path / "r.json").exists()  # the trainer died, nothing was reported
+    status = _wait_for(
+        lambda: (s := _status(ws)) and all("two-rank-trainer" in e.last_error for e in s.endpoints) and s,
+        25,
+        "every endpoint reporting the dead sender",
+    )
+    assert time.monotonic() - start < 45  # the 20 s deadline, plus two process starts
+    assert [e.applied_version for e in status.endpoints] == [1, 1]
+    assert [_info(a).policy_version for a in rollouts] == [1, 1]  # the previous version stays in service
+    result = publish(_new_weights(tiny_model, seed=3), 3, ws, bucket_bytes=4096, timeout_s=20)
+    assert set(result.received_checksums.values()) == {result.checksum}
+    assert [_info(a).policy_version for a in rollouts] == [3, 3]
 
 
 def _status(ws: str) -> weightsync_pb2.StatusReply:
