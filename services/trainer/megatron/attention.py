@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.module import MegatronModule
 from torch import Tensor
 
 from ..attention import _flash_varlen_forward
+from .rope import rotate_qk
 
 
 @dataclass
@@ -29,27 +29,6 @@ class PackedRow(PackedSeqParams):
 
     cos_T1D: Tensor | None = None
     sin_T1D: Tensor | None = None
-
-
-def rope_tables(position_ids_T: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """HF's default RoPE (rotate-half convention): fp32 angles, cast to the compute dtype."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids_T.device).float() / head_dim)
-    angles_TD = position_ids_T.float()[:, None] * inv_freq[None, :]
-    emb_TD = torch.cat([angles_TD, angles_TD], dim=-1)
-    return emb_TD.cos().to(dtype)[:, None, :], emb_TD.sin().to(dtype)[:, None, :]
-
-
-def _rotate(x_THD: Tensor, cos_T1D: Tensor, sin_T1D: Tensor) -> Tensor:
-    x1, x2 = x_THD.chunk(2, dim=-1)
-    return x_THD * cos_T1D + torch.cat([-x2, x1], dim=-1) * sin_T1D
-
-
-def _rotate_qk(q_THD: Tensor, k_TKD: Tensor, cos_T1D: Tensor, sin_T1D: Tensor) -> tuple[Tensor, Tensor]:
-    return _rotate(q_THD, cos_T1D, sin_T1D), _rotate(k_TKD, cos_T1D, sin_T1D)
-
-
-# One inductor kernel for both rotations, forward and backward (row lengths vary: dynamic shapes).
-_rotate_qk_compiled = torch.compile(_rotate_qk, dynamic=True)
 
 
 class PackedFlashAttention(MegatronModule):
@@ -71,7 +50,7 @@ class PackedFlashAttention(MegatronModule):
         row = packed_seq_params
         if not isinstance(row, PackedRow) or row.qkv_format != "thd":
             raise ValueError("PackedFlashAttention takes packed rows only (a PackedRow in thd format)")
-        q_THD, k_TKD = _rotate_qk_compiled(query, key, row.cos_T1D, row.sin_T1D)
+        q_THD, k_TKD = rotate_qk(query, key, row.cos_T1D, row.sin_T1D)
         out_THD = _flash_varlen_forward(
             q_THD.contiguous(), k_TKD.contiguous(), value.contiguous(), row.cu_seqlens_q, row.max_seqlen_q,
             self.softmax_scale,

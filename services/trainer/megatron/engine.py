@@ -28,7 +28,8 @@ from ..losses import mult_prob_error, token_logprobs_and_entropy
 from ..packing import Packed, Seq, pack, plan, response_offsets
 from . import head, mapping
 from . import model as mm
-from .attention import PackedRow, rope_tables
+from .attention import PackedRow
+from .rope import rope_tables
 
 if TYPE_CHECKING:
     from services.common.config import RunConfig, TrainerSection
