@@ -108,8 +108,10 @@ class CudaIpcTransport:
         for j in last:  # the next refit may overwrite any buffer
             self.wait_free(tag)(j)
 
-    def receive(self, index: int, out: torch.Tensor, tag: str) -> torch.Tensor:
+    def receive(self, index: int, out: torch.Tensor, tag: str, root: int = 0) -> torch.Tensor:
         """Copy bucket `index` out of the sender's ring, with its sum64 computed by the copy itself."""
+        if root != 0:
+            raise ValueError(f"cuda_ipc reads one sender's ring; bucket from sender rank {root}")
         self._wait([f"{tag}/ready/{index}"], f"no bucket {index} from the sender")
         src = open_shared(self.buffers[index % len(self.buffers)])
         summed = cs.copy_sum64(src[: out.numel()], out)

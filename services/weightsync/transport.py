@@ -25,8 +25,9 @@ class WeightTransport(Protocol):
     def send(self, buckets: Iterable[tuple[int, torch.Tensor]], tag: str) -> None:
         """Send (index, bucket) in order; `tag` names the refit (keys, pull requests)."""
 
-    def receive(self, index: int, out: torch.Tensor, tag: str) -> torch.Tensor | None:
-        """Fill `out` with bucket `index` of refit `tag`; return its sum64 if the copy computed it."""
+    def receive(self, index: int, out: torch.Tensor, tag: str, root: int = 0) -> torch.Tensor | None:
+        """Fill `out` with bucket `index` of refit `tag`, sent by group rank `root` (several senders: the
+        collective transports only); return its sum64 if the copy computed it."""
 
 
 def resolve(name: str) -> str:
@@ -95,9 +96,7 @@ def receive_buckets(
     out = [torch.empty(n, dtype=torch.uint8, device=transport.device) for n in sizes]
 
     def receive(i: int, buf: torch.Tensor):
-        if senders and any(senders):  # only the collective transport takes other roots than 0
-            return transport.receive(i, buf, tag, root=senders[i])
-        return transport.receive(i, buf, tag)
+        return transport.receive(i, buf, tag, root=senders[i] if senders else 0)
 
     if transport.device.type == "cuda":
         main, side, sums = torch.cuda.current_stream(), torch.cuda.Stream(), []

@@ -123,7 +123,9 @@ class UcxxTransport:
         for i, buf in buckets:
             bucket_server(host).put(tag, i, buf)
 
-    def receive(self, index: int, out: torch.Tensor, tag: str) -> None:
+    def receive(self, index: int, out: torch.Tensor, tag: str, root: int = 0) -> None:
+        if root != 0:
+            raise ValueError(f"ucxx pulls from one sender's listener; bucket from sender rank {root}")
         _run(self._pull(tag, index, out.numpy()), self.timeout_s)
 
     async def _pull(self, tag: str, index: int, out: np.ndarray) -> None:
