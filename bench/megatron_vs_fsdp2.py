@@ -43,27 +43,17 @@ def save_hf(shape: str, folder: Path, device: torch.device) -> int:
 def run_megatron(model_dir: Path, num_params: int, batch, args, device, options: dict) -> dict:
     from services.trainer.megatron.engine import assemble
 
-    seqs, advantages, rollout = batch
-    world = dist.get_world_size()
     cfg = bt.trainer_config(
-        backend="megatron", tensor_parallel=args.tp, num_ranks=world, max_tokens_per_microbatch=args.max_tokens,
-        dtype=args.dtype, logprob_chunk_tokens=4096, attn_implementation="sdpa", **options,
+        backend="megatron", tensor_parallel=args.tp, num_ranks=dist.get_world_size(),
+        max_tokens_per_microbatch=args.max_tokens, dtype=args.dtype, logprob_chunk_tokens=4096,
+        attn_implementation="sdpa", **options,
     )  # fmt: skip
-    engine = assemble(cfg, model_dir, device)
-    check = engine.logprobs(seqs[: args.check_seqs])
-    times = bt.timed(lambda: engine.train(seqs, advantages, rollout), args, device)
-    num_tokens = sum(s.num_tokens for s in seqs)
-    out = bt.summary(times, num_tokens, num_params, world, device)
-    out.update(options, params=num_params, num_tokens=num_tokens, check_logprobs=[t.tolist() for t in check])
-    return out
+    return bt.measure(assemble(cfg, model_dir, device), batch, num_params, args, device, options)
 
 
 def first_success(prefix: str, variants: dict, fallbacks: dict, run, errors: dict, device) -> dict | None:
-    for name, options in variants.items():
-        result = bt.attempt(f"{prefix}_{name}", functools.partial(run, options), errors, device)
-        if result:
-            return result | {"variant": name}
-    for name, options in fallbacks.items():
+    """The first variant that runs, then the first fallback; None when all of them failed."""
+    for name, options in {**variants, **fallbacks}.items():
         result = bt.attempt(f"{prefix}_{name}", functools.partial(run, options), errors, device)
         if result:
             return result | {"variant": name}

@@ -173,17 +173,21 @@ def summary(times: list[float], num_tokens: int, num_params: int, world: int, de
 def run_engine(shape: str, batch, args, device: torch.device, options: dict) -> dict:
     from services.trainer.build import assemble_engine
 
-    seqs, advantages, rollout = batch
-    world = dist.get_world_size()
     options = {"max_tokens_per_microbatch": args.max_tokens, "dtype": args.dtype, **options}
-    cfg = trainer_config(num_ranks=world, **options)
+    cfg = trainer_config(num_ranks=dist.get_world_size(), **options)
     model = qwen2(shape, cfg.attn_implementation, device)
     num_params = sum(p.numel() for p in model.parameters())
     engine = assemble_engine(model, None, cfg, Path(tempfile.gettempdir()), device)
+    return measure(engine, batch, num_params, args, device, options)
+
+
+def measure(engine, batch, num_params: int, args, device: torch.device, options: dict) -> dict:
+    """A built engine's check logprobs, then its timed steps on the batch, summarised."""
+    seqs, advantages, rollout = batch
     check = engine.logprobs(seqs[: args.check_seqs])
     times = timed(lambda: engine.train(seqs, advantages, rollout), args, device)
     num_tokens = sum(s.num_tokens for s in seqs)
-    out = summary(times, num_tokens, num_params, world, device)
+    out = summary(times, num_tokens, num_params, dist.get_world_size(), device)
     out.update(options, params=num_params, num_tokens=num_tokens, check_logprobs=[t.tolist() for t in check])
     return out
 
