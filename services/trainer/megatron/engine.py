@@ -89,11 +89,12 @@ class MegatronEngine(Engine):
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
-            ids_1T, pos_1T, row = self._row(mb or self._dummy)
-            ctx = ((mb or self._dummy).logit_index_R.to(self.device), (mb or self._dummy).targets_R.to(self.device))
+            packed = mb or self._dummy  # a rank with fewer micro-batches runs dummy ones
+            ids_1T, pos_1T, row = self._row(packed)
+            ctx = (packed.logit_index_R.to(self.device), packed.targets_R.to(self.device), with_entropy)
             out = model(
                 input_ids=ids_1T, position_ids=pos_1T, attention_mask=None, packed_seq_params=row,
-                output_processor=self._head, output_processor_context=(*ctx, with_entropy),
+                output_processor=self._head, output_processor_context=ctx,
             )  # fmt: skip
             return out, functools.partial(loss_fn, mb)
 
