@@ -40,7 +40,7 @@ def save_hf(shape: str, folder: Path, device: torch.device) -> int:
     return num_params
 
 
-def run_megatron(model_dir: Path, num_params: int, batch, args, device, options: dict) -> dict:
+def megatron_engine(model_dir: Path, args, device, options: dict):
     from services.trainer.megatron.engine import assemble
 
     cfg = bt.trainer_config(
@@ -48,7 +48,11 @@ def run_megatron(model_dir: Path, num_params: int, batch, args, device, options:
         max_tokens_per_microbatch=args.max_tokens, dtype=args.dtype, logprob_chunk_tokens=4096,
         attn_implementation="sdpa", **options,
     )  # fmt: skip
-    return bt.measure(assemble(cfg, model_dir, device), batch, num_params, args, device, options)
+    return assemble(cfg, model_dir, device)
+
+
+def run_megatron(model_dir: Path, num_params: int, batch, args, device, options: dict) -> dict:
+    return bt.measure(megatron_engine(model_dir, args, device, options), batch, num_params, args, device, options)
 
 
 def first_success(prefix: str, variants: dict, fallbacks: dict, run, errors: dict, device) -> dict | None:
