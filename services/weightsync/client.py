@@ -16,7 +16,7 @@ from . import checksum as cs
 from . import manifest as mf
 from .pack import expected_tensor, new_ring, packed_buckets
 from .plan import ReceiverLayout, TransferPlan, layout_of, make_plan
-from .transport import device_of, drop_group, open_group
+from .transport import device_of, drop_group, first_line, open_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +104,7 @@ def _send(reply, source, plan: TransferPlan, lookup: dict[str, torch.Tensor], ri
         transport.send(buckets, reply.refit_id)
     except Exception as e:  # the endpoints' side names the failed peer; the commit tells them to stop
         drop_group(reply.group)
-        text = str(e).strip().splitlines()
-        return weightsync_pb2.CommitRequest(
-            refit_id=reply.refit_id, error=f"sender: {type(e).__name__}: {text[0] if text else ''}"
-        )
+        return weightsync_pb2.CommitRequest(refit_id=reply.refit_id, error=f"sender: {first_line(e)}")
     digests = cs.digests(sums)
     return weightsync_pb2.CommitRequest(refit_id=reply.refit_id, bucket_checksums=digests, checksum=cs.combine(digests))
 

@@ -10,7 +10,7 @@ from services.common.grpcio import channel
 from . import manifest as mf
 from .checksum import combine
 from .pack import unpack
-from .transport import drop_group, open_group, receive_buckets
+from .transport import drop_group, first_line, open_group, receive_buckets
 
 
 class PeerError(RuntimeError):
@@ -29,7 +29,7 @@ def receive_version(request: rollout_pb2.LoadWeightsRequest) -> tuple[list[tuple
         buckets, sums = receive_buckets(transport, list(plan.bucket_nbytes), m.checksum_algo, request.refit_id, senders)
     except Exception as e:
         drop_group(group)
-        raise PeerError(f"transfer of version {m.policy_version} from {sender} failed: {_first_line(e)}") from e
+        raise PeerError(f"transfer of version {m.policy_version} from {sender} failed: {first_line(e)}") from e
     finally:
         if hasattr(transport, "close"):  # per-refit connections (ucxx)
             transport.close()
@@ -50,8 +50,3 @@ def await_commit(address: str, refit_id: str, timeout_s: float) -> weightsync_pb
         return weightsync_pb2_grpc.WeightSyncStub(ch).AwaitCommit(
             weightsync_pb2.AwaitCommitRequest(refit_id=refit_id, timeout_s=timeout_s), timeout=timeout_s + 5
         )
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"

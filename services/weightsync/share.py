@@ -24,7 +24,7 @@ from . import manifest as mf
 from .client import RefitError, RefitResult, verify
 from .pack import new_ring, packed_buckets
 from .plan import ReceiverLayout, SenderLayout, TransferPlan, bucket_senders, make_plan
-from .transport import device_of, drop_group, open_group
+from .transport import device_of, drop_group, first_line, open_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +117,7 @@ def publish_share(
             digests = cs.digests(sums)
         except Exception as e:
             drop_group(reply.group)
-            text = str(e).strip().splitlines()
-            digests, error = [], f"sender rank {rank}: {type(e).__name__}: {text[0] if text else ''}"
+            digests, error = [], f"sender rank {rank}: {first_line(e)}"
         shares = [None] * world if rank == 0 else None
         dist.gather_object((own, digests, error), shares, dst=0, group=group)
         outcome = [None]

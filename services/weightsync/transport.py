@@ -30,6 +30,12 @@ class WeightTransport(Protocol):
         collective transports only); return its sum64 if the copy computed it."""
 
 
+def first_line(e: BaseException) -> str:
+    """An exception as one short line (NCCL and gloo errors run to pages), for errors that name a peer."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
 def resolve(name: str) -> str:
     """'auto' is NCCL where a GPU is visible and gloo otherwise (what the skeleton always did)."""
     if name == "auto":
