@@ -7,6 +7,9 @@ import socket
 # kernel to an outgoing connection or a bind(0) between the moment we pick it and the moment a
 # service binds it.
 _LOW, _HIGH = 20000, 32000
+_handed_out: set[int] = set()
+"""Ports this process already picked: nothing binds them until the services start, so a later pick could
+otherwise name the same port twice (one plan gave the trainer and the coordinator the same one)."""
 
 
 def is_free(port: int) -> bool:
@@ -19,9 +22,11 @@ def is_free(port: int) -> bool:
 
 
 def free_port() -> int:
+    """A port free now and not picked before by this process."""
     rng = random.SystemRandom()
     for _ in range(1000):
         port = rng.randrange(_LOW, _HIGH)
-        if is_free(port):
+        if port not in _handed_out and is_free(port):
+            _handed_out.add(port)
             return port
     raise RuntimeError(f"no free port in [{_LOW}, {_HIGH})")
