@@ -43,13 +43,18 @@ def pack_sum64(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[s
     if kernels is None or any(offset % ALIGN_BYTES or nbytes % 8 for offset, nbytes in spans):
         pack_into(buf, plan, index, lookup)
         return cs.sum64(buf)
-    _zero_padding(buf, plan, index)
-    work = []
+    work, end = [], 0
     for (src, dst), (offset, nbytes) in zip(pieces, spans):
+        if offset > end:  # padding before this piece
+            work.append((None, buf[end:offset].view(torch.int64), end // ALIGN_BYTES, kernels.ZERO))
         src_words = kernels.words(src) if src.device == buf.device and src.dtype == dst.dtype else None
         if src_words is None:
             dst.copy_(src, non_blocking=True)
-        work.append((src_words, buf[offset : offset + nbytes].view(torch.int64), offset // ALIGN_BYTES))
+        mode = kernels.SUM if src_words is None else kernels.COPY
+        work.append((src_words, buf[offset : offset + nbytes].view(torch.int64), offset // ALIGN_BYTES, mode))
+        end = max(end, offset + nbytes)
+    if end < buf.numel():
+        work.append((None, buf[end:].view(torch.int64), end // ALIGN_BYTES, kernels.ZERO))
     return kernels.sum64_pieces(work)
 
 
