@@ -240,7 +240,9 @@ class Engine:
         """Forward/backward every micro-batch, clip, step; returns the batch's loss terms and grad norm."""
         old_N = torch.zeros_like(batch.rollout_logp_N)
         sums_4 = torch.zeros(4, device=self.device)
-        for mb in plans[self.rank]:
+        mbs = plans[self.rank]
+        for i, mb in enumerate(mbs):
+            self._accumulate_unsharded(last=i == len(mbs) - 1)
             if mb is None:
                 (self._dummy_logits(self.model).sum() * 0.0).backward()
                 continue
@@ -254,6 +256,14 @@ class Engine:
         mismatch = mult_prob_error(old_N, batch.rollout_logp_N, torch.ones_like(old_N)).item()
         metrics = self._loss_metrics(sums_4, old_N.numel())
         return {**metrics, "grad_norm": grad_norm, "mismatch/mult_prob_error": mismatch}
+
+    def _accumulate_unsharded(self, last: bool) -> None:
+        """On one rank FSDP's reduce after a micro-batch is a cast and a copy, and the next micro-batch's
+        gather another: until the last one, gradients accumulate unsharded (in fp32, the reduce dtype) and
+        the layers stay gathered. With more ranks that would cost a full fp32 gradient per rank."""
+        if self.world == 1 and not self.cfg.cpu_offload and isinstance(self.model, FSDPModule):
+            self.model.set_requires_gradient_sync(last)
+            self.model.set_reshard_after_backward(last)
 
     def _clip_and_step(self) -> float:
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)

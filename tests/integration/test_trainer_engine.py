@@ -126,7 +126,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def _worker(model_dir: str, out: str) -> None:
+def _worker(model_dir: str, out: str, names: str = ",".join(CASES)) -> None:
     import torch.distributed as dist
 
     from services.common.config import TrainerSection
@@ -136,8 +136,8 @@ def _worker(model_dir: str, out: str) -> None:
     dist.init_process_group("gloo")
     seqs, advantages, rollout = _batch(vocab=78)
     results, params = {}, {}
-    for name, overrides in CASES.items():
-        cfg = TrainerSection(**{**BASE, **overrides})
+    for name in names.split(","):
+        cfg = TrainerSection(**{**BASE, **CASES[name]})
         policy = load_model(model_dir, torch.float32, cfg.attn_implementation)
         ref = load_model(model_dir, torch.float32, cfg.attn_implementation)
         engine = assemble_engine(policy, ref, cfg, Path(model_dir), torch.device("cpu"))
@@ -161,13 +161,28 @@ def _worker(model_dir: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory, tiny_model) -> dict:
+def _run(tmp_path_factory, tiny_model, ranks: int, names: list[str]) -> dict:
     out = tmp_path_factory.mktemp("engine") / "results.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__]
-    proc = subprocess.run([*cmd, str(tiny_model), str(out)], capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), __file__]
+    proc = subprocess.run(
+        [*cmd, str(tiny_model), str(out), ",".join(names)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, tiny_model) -> dict:
+    return _run(tmp_path_factory, tiny_model, 2, list(CASES))
+
+
+def test_one_rank_accumulates_unsharded_and_matches_the_reference(tmp_path_factory, tiny_model):
+    """On one rank the engine skips FSDP's reduce and re-gather between its 3 micro-batches (gradients
+    accumulate unsharded); the step is still the unsharded, unpacked one."""
+    got = _run(tmp_path_factory, tiny_model, 1, ["base", "minibatches"])
+    for name, row in got.items():
+        assert row["param_diff"] < PARAM_TOLERANCE.get(name, 1e-5), (name, row["param_diff"])
+        assert row["metrics"]["loss"] == pytest.approx(row["expected"]["loss"], rel=1e-4, abs=1e-6), name
 
 
 @pytest.mark.parametrize("name", list(AGAINST_REFERENCE))
@@ -202,4 +217,4 @@ def test_bf16_compute_keeps_fp32_master_weights_and_stays_close(results):
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2])
+    _worker(*sys.argv[1:4])
