@@ -69,11 +69,15 @@ class HFEngine:
         return Sample(tokens, logprobs, "length")
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Every tensor checked against the engine's first, so a bad one changes nothing, then copied in."""
         params = self.model.state_dict()
-        with torch.no_grad():
+        for name, t in named:
+            if name not in params:
+                raise ValueError(f"engine has no weight named {name!r}")
+            if params[name].shape != t.shape:
+                raise ValueError(f"weight {name!r} is {tuple(t.shape)}; the engine's is {tuple(params[name].shape)}")
+        with torch.no_grad():  # per tensor: at refit sizes torch's copy runs at HBM speed, _foreach_copy_ ~30% below
             for name, t in named:
-                if name not in params:
-                    raise ValueError(f"engine has no weight named {name!r}")
                 params[name].copy_(t)
 
     def read_weights(self) -> dict[str, torch.Tensor]:
