@@ -95,8 +95,8 @@ def bench_shape(shape: str, args, device, results: dict) -> None:
                f"{fsdp['tokens_per_s']:.0f} tok/s ({fsdp['peak_mem_GiB']:.1f} GiB)")  # fmt: skip
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser(doc: str = __doc__) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="0p5b,1p5b")
     p.add_argument(
         "--tp", type=int, default=1, help="Megatron tensor parallel size (run under torchrun with as many ranks)"
@@ -114,11 +114,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--check-seqs", type=int, default=4)
     p.add_argument("--tmp", default=None, help="folder for the HF checkpoint Megatron loads")
     p.add_argument("--out", type=Path, default=bt.ROOT / "bench/results/megatron.json")
-    return p.parse_args()
+    return p
 
 
 def main() -> None:
-    args = parse_args()
+    args = parser().parse_args()
     device = bt.pick_device()
     bt.init_distributed(device)
     results = json.loads(args.out.read_text()) if args.tp > 1 and args.out.exists() else {}

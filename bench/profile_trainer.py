@@ -1,36 +1,51 @@
-"""One profiled Megatron training step on one GPU, same model and batch as bench/megatron_vs_fsdp2.py: the
-kernel table behind the step-time breakdown in bench/README.md (printed, sorted by GPU time).
+"""One profiled training step on one GPU, same model and batch as bench/megatron_vs_fsdp2.py, either
+backend: the step's wall time, the GPU's busy time (the rest is the host keeping it waiting) and the
+kernel table behind the step-time breakdowns in bench/README.md, sorted by GPU time.
 
-    python bench/profile_megatron.py --models 1p5b
+    python bench/profile_trainer.py --models 1p5b --backend fsdp2
+    python bench/profile_trainer.py --models 1p5b --backend megatron
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
-import megatron_vs_fsdp2 as mvf  # bench/: its arguments, weights and engine
+import megatron_vs_fsdp2 as mvf  # bench/: its arguments, weights and engines
 import torch
 import trainer as bt
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
 def main() -> None:
-    args = mvf.parse_args()
+    p = mvf.parser(__doc__)
+    p.add_argument("--backend", choices=("fsdp2", "megatron"), default="megatron")
+    args = p.parse_args()
     device = bt.pick_device()
     bt.init_distributed(device)
     shape = args.models.split(",")[0]
     seqs, advantages, rollout = bt.rl_batch(args, bt.QWEN2["vocab_size"])
-    with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
-        mvf.save_hf(shape, Path(tmp), device)
-        engine = mvf.megatron_engine(Path(tmp), args, device, mvf.MEGATRON_VARIANTS["megatron"])
+    if args.backend == "fsdp2":
+        options = {**bt.VARIANTS[args.fsdp2_variant], "max_tokens_per_microbatch": args.max_tokens}
+        engine, _ = bt.build_engine(shape, args, device, {**options, "dtype": args.dtype})
+    else:
+        with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+            mvf.save_hf(shape, Path(tmp), device)
+            engine = mvf.megatron_engine(Path(tmp), args, device, mvf.MEGATRON_VARIANTS["megatron"])
     for _ in range(args.warmup + 1):  # compiled kernels and the allocator settle first
         engine.train(seqs, advantages, rollout)
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
         engine.train(seqs, advantages, rollout)
         torch.cuda.synchronize(device)
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
+        wall = time.perf_counter() - start
+    table = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in table if e.device_type == DeviceType.CUDA) / 1e6
+    print(f"{args.backend} {shape}: step {wall:.3f} s under the profiler, GPU busy {busy:.3f} s ({busy / wall:.0%})")
+    print(table.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70))
 
 
 if __name__ == "__main__":

@@ -170,14 +170,19 @@ def summary(times: list[float], num_tokens: int, num_params: int, world: int, de
     }
 
 
-def run_engine(shape: str, batch, args, device: torch.device, options: dict) -> dict:
+def build_engine(shape: str, args, device: torch.device, options: dict):
+    """The FSDP2 engine over this run's ranks with `options` on top of the bench's config; its params."""
     from services.trainer.build import assemble_engine
 
-    options = {"max_tokens_per_microbatch": args.max_tokens, "dtype": args.dtype, **options}
     cfg = trainer_config(num_ranks=dist.get_world_size(), **options)
     model = qwen2(shape, cfg.attn_implementation, device)
     num_params = sum(p.numel() for p in model.parameters())
-    engine = assemble_engine(model, None, cfg, Path(tempfile.gettempdir()), device)
+    return assemble_engine(model, None, cfg, Path(tempfile.gettempdir()), device), num_params
+
+
+def run_engine(shape: str, batch, args, device: torch.device, options: dict) -> dict:
+    options = {"max_tokens_per_microbatch": args.max_tokens, "dtype": args.dtype, **options}
+    engine, num_params = build_engine(shape, args, device, options)
     return measure(engine, batch, num_params, args, device, options)
 
 
