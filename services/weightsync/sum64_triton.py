@@ -80,6 +80,8 @@ def _num_tiles(num_words: int) -> int:
 Piece = tuple[torch.Tensor | None, torch.Tensor, int, int]
 """(source words or None, destination words, line of the bucket where the destination starts, mode):
 mode COPY needs a source; SUM and ZERO take None."""
+Row = tuple[int, int, int, int, int]
+"""A piece by address: (source address, destination address, words, first line, mode)."""
 
 
 def sum64_pieces(pieces: list[Piece]) -> torch.Tensor:
@@ -89,22 +91,28 @@ def sum64_pieces(pieces: list[Piece]) -> torch.Tensor:
     sum64 adds up one term per word, so a bucket's value is the sum of its pieces' values; bytes that
     no piece covers must be zero (zero words add nothing).
     """
-    device = pieces[0][1].device
-    rows, tiles, aligned = [], 0, True
+    rows = []
     for src, dst, first_line, mode in pieces:
         assert dst.dtype == torch.int64 and dst.is_contiguous(), dst
         assert (mode == COPY) == (src is not None) and (src is None or src.shape == dst.shape), mode
-        if dst.numel() == 0:
+        rows.append(((src if src is not None else dst).data_ptr(), dst.data_ptr(), dst.numel(), first_line, mode))
+    return sum64_rows(rows, pieces[0][1].device)
+
+
+def sum64_rows(rows: list[Row], device: torch.device) -> torch.Tensor:
+    """sum64_pieces for pieces given by address (no tensor views to build: ~1 us of host per piece)."""
+    entries, tiles, aligned = [], 0, True
+    for src, dst, num_words, first_line, mode in rows:
+        if num_words == 0:
             continue
-        src_ptr = (src if src is not None else dst).data_ptr()
-        aligned &= src_ptr % 16 == 0 and dst.data_ptr() % 16 == 0 and dst.numel() % 2 == 0
-        rows.append((src_ptr, dst.data_ptr(), dst.numel(), first_line, tiles, mode))
-        tiles += _num_tiles(dst.numel())
+        aligned &= src % 16 == 0 and dst % 16 == 0 and num_words % 2 == 0
+        entries.append((src, dst, num_words, first_line, tiles, mode))
+        tiles += _num_tiles(num_words)
     partials = torch.empty(max(tiles, 1), 3, dtype=torch.int64, device=device)
     if tiles == 0:
         return partials.zero_()[0]
-    table = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
-    _pieces_kernel[(tiles,)](table, len(rows), partials, ALIGNED=aligned, BLOCK_LINES=BLOCK_LINES)
+    table = torch.tensor(entries, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+    _pieces_kernel[(tiles,)](table, len(entries), partials, ALIGNED=aligned, BLOCK_LINES=BLOCK_LINES)
     return partials.sum(0)
 
 
