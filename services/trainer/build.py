@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -116,6 +118,22 @@ def compile_layers(model: nn.Module) -> None:
         for module in (layer.input_layernorm, layer.post_attention_layernorm, layer.mlp):
             module.compile(dynamic=True)
     model.model.norm.compile(dynamic=True)
+    compile_rotary(model)
+
+
+_COMPILED_ROTARY: dict[str, Callable] = {}
+
+
+def compile_rotary(model: nn.Module) -> None:
+    """HF's apply_rotary_pos_emb is ~6 elementwise kernels per layer forward and more in backward (8 % of
+    a 1.5B step on the H200); compiled, one kernel each way. It is a function of the model's modeling
+    module, looked up at call time, so the compiled one replaces it there (for every model of that family
+    in this process, the same math)."""
+    modeling = sys.modules[type(model.model.layers[0].self_attn).__module__]
+    fn = getattr(modeling, "apply_rotary_pos_emb", None)
+    if fn is None or modeling.__name__ in _COMPILED_ROTARY:
+        return
+    _COMPILED_ROTARY[modeling.__name__] = modeling.apply_rotary_pos_emb = torch.compile(fn, dynamic=True)
 
 
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
