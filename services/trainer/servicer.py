@@ -48,11 +48,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def Load(self, request, context):
         if not request.path:
             raise ValueError("path is required")
-        metadata = Path(request.path) / TRAIN_STATE / ".metadata"
-        if not metadata.is_file():
-            raise ValueError(
-                f"{request.path} holds no training state ({metadata} is missing); save without weights_only"
-            )
+        folder = Path(request.path) / TRAIN_STATE  # complete if present: save() publishes by a rename
+        if not folder.is_dir() or not any(folder.iterdir()):
+            raise ValueError(f"{request.path} holds no training state ({folder} is missing); save without weights_only")
         return self.driver.call(Op.LOAD, request)
 
     @servicer_edge

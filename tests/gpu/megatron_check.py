@@ -79,8 +79,16 @@ def main() -> None:
     for f in args.model_dir.glob("*.safetensors"):
         disk.update(load_file(f))
     errs = [(sd[k].float() - v.to(torch.bfloat16).float()).abs().max().item() for k, v in disk.items() if sd]
-    meg_metrics = [meg.train(seqs, advantages, rollout) for _ in range(2)]
+    meg_metrics = [meg.train(seqs, advantages, rollout)]
+    ckpt = args.out.parent / "ckpt"
+    meg.save(ckpt)
+    meg_metrics.append(meg.train(seqs, advantages, rollout))
     meg_after = meg.logprobs(seqs)
+    # Resume: the checkpoint after step 1 brings back weights, Adam moments and step count, so the
+    # second step comes out bit for bit the same.
+    resumed_version = meg.load(ckpt)
+    resumed = meg.train(seqs, advantages, rollout)
+    resumed_after = meg.logprobs(seqs)
     del meg
     torch.cuda.empty_cache()
 
@@ -103,6 +111,9 @@ def main() -> None:
             "export_keys_equal": sorted(sd) == sorted(disk) or sorted(sd) == sorted([*disk, "lm_head.weight"]),
             "export_max_abs_err_vs_bf16": max(errs),
             "megatron": meg_metrics,
+            "resume_version": resumed_version,
+            "resume_same_step": all(resumed[k] == meg_metrics[1][k] for k in ("loss", "grad_norm")),
+            "resume_same_logprobs": all(torch.equal(a, b) for a, b in zip(resumed_after, meg_after)),
             "fsdp2": fsdp_metrics,
         }
         args.out.write_text(json.dumps(result, indent=1))

@@ -1,5 +1,6 @@
 """The Megatron backend on the GPU: logprobs match the FSDP2 backend and a plain fp32 HF forward on the same
-checkpoint, both backends take the same update, and the HF export gives back the loaded weights."""
+checkpoint, both backends take the same update, the HF export gives back the loaded weights, and a resume from
+the training state repeats the next step bit for bit."""
 
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def test_megatron_agrees_with_fsdp2_and_hf(qwen2_dir, tmp_path, ranks, tp):
     assert r["mpe_after_2_steps_megatron_vs_fsdp2"] <= 1.02, r
     # ... and not because nothing moved: two steps change the logprobs more than the backends differ.
     assert r["mpe_megatron_moved_by_training"] > r["mpe_after_2_steps_megatron_vs_fsdp2"], r
+    # Resuming from the checkpoint saved after step 1 repeats step 2 exactly.
+    assert r["resume_version"] == 1 and r["resume_same_step"] and r["resume_same_logprobs"], r
 
 
 # Tied embeddings over pipeline stages are synchronised by a CUDA collective when the model is built.

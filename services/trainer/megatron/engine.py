@@ -28,6 +28,7 @@ from ..losses import mult_prob_error, token_logprobs_and_entropy
 from ..packing import Packed, Seq, pack, plan, response_offsets
 from . import head, mapping
 from . import model as mm
+from . import train_state as ts
 from .attention import PackedRow
 from .rope import rope_tables
 
@@ -203,21 +204,26 @@ class MegatronEngine(Engine):
         return mine if self.rank == 0 else {}
 
     def save(self, path: Path, train_state: bool = True) -> dict[str, str]:
-        if train_state:
-            raise ValueError("the megatron backend saves weights only (HF export); ask with weights_only")
+        """The HF export (and the training state, see train_state.py); per-tensor checksums on rank 0."""
         sd = self.full_state_dict()
+        staging = checkpoint.staging_dir(path)
+        if self.rank == 0:
+            checkpoint.reset_dir(staging)
+        dist.barrier()
+        if train_state:
+            ts.save(staging / checkpoint.TRAIN_STATE, self.model.module, self.optimizer, self.policy_version, self.rank)
         if self.rank != 0:
             return {}
         from services.weightsync.manifest import tensor_checksum
 
-        staging = checkpoint.staging_dir(path)
-        checkpoint.reset_dir(staging)
         checkpoint.write_hf(sd, self.model_dir, staging)
         checkpoint.publish_dir(staging, path)
         return {name: tensor_checksum(t) for name, t in sd.items()}
 
     def load(self, path: Path) -> int:
-        raise ValueError("the megatron backend restores from its HF export only: start the trainer on it")
+        """Restore policy, optimizer, policy_version and RNG from a checkpoint written by save()."""
+        self.policy_version = ts.load(path / checkpoint.TRAIN_STATE, self.model.module, self.optimizer, self.rank)
+        return self.policy_version
 
 
 def _cast(t: Tensor, dtype: torch.dtype | None) -> Tensor:
