@@ -73,30 +73,31 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _group(store_port: int, prefix: str, rank: int, backend: str) -> types.SimpleNamespace:
+def _group(store_port: int, prefix: str, rank: int, backend: str, timeout_s: float) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         store_host="127.0.0.1", store_port=store_port, prefix=prefix, world_size=2, rank=rank,
-        backend=backend, timeout_s=300.0,
+        backend=backend, timeout_s=timeout_s,
     )  # fmt: skip
 
 
 class Peer:
     """One of the two benchmark processes: a store for small messages and a barrier-able group."""
 
-    def __init__(self, rank: int, store_port: int, backend: str):
-        self.rank, self.store_port, self.backend = rank, store_port, backend
-        self.store = dist.TCPStore("127.0.0.1", store_port, 2, is_master=rank == 0, timeout=_td(300))
+    def __init__(self, rank: int, store_port: int, backend: str, timeout_s: float = 300.0):
+        self.rank, self.store_port, self.backend, self.timeout_s = rank, store_port, backend, timeout_s
+        self.store = dist.TCPStore("127.0.0.1", store_port, 2, is_master=rank == 0, timeout=_td(timeout_s))
         self.device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
         self.phase = 0
         self.refits = 0  # both processes run the same refits in the same order: a tag needs no exchange
 
     def transport(self, backend: str | None = None, source=None):
         self.phase += 1
-        return make_transport(_group(self.store_port, f"p{self.phase}", self.rank, backend or self.backend), source)
+        group = _group(self.store_port, f"p{self.phase}", self.rank, backend or self.backend, self.timeout_s)
+        return make_transport(group, source)
 
     def barrier(self, name: str) -> None:
         self.store.add(f"barrier/{name}", 1)
-        self.store.wait([f"barrier/{name}/go"] if self.rank else [], _td(300))
+        self.store.wait([f"barrier/{name}/go"] if self.rank else [], _td(self.timeout_s))
         if self.rank == 0:
             while self.store.add(f"barrier/{name}", 0) < 2:
                 time.sleep(0.0005)
@@ -118,7 +119,7 @@ def timed(peer: Peer, name: str, fn) -> float:
     _sync(peer.device)
     elapsed = time.perf_counter() - start
     peer.store.set(f"time/{name}/{peer.rank}", str(elapsed))
-    peer.store.wait([f"time/{name}/{1 - peer.rank}"], _td(300))
+    peer.store.wait([f"time/{name}/{1 - peer.rank}"], _td(peer.timeout_s))
     return max(elapsed, float(peer.store.get(f"time/{name}/{1 - peer.rank}")))
 
 
@@ -262,7 +263,20 @@ def checkpoint_engine(rank: int, shape: str, store_port: int) -> float:
     return time.perf_counter() - start
 
 
-def _record(results, key: str, fn) -> None:
+class Results(dict):
+    """One process's measurements, each also written to the shared dict the moment it is recorded, so
+    what finished comes back when the parent kills a process that hangs."""
+
+    def __init__(self, rank: int, shared):
+        super().__init__(_rank=rank)
+        self.shared = shared
+
+    def __setitem__(self, key: str, value) -> None:
+        super().__setitem__(key, value)
+        self.shared[f"{key}@{self['_rank']}"] = value
+
+
+def _record(results: Results, key: str, fn) -> None:
     """Run one measurement; a failure is recorded as its error and the run goes on."""
     print(f"[rank {results['_rank']}] {key} ...", flush=True)
     try:
@@ -275,7 +289,7 @@ def _record(results, key: str, fn) -> None:
 
 def gpu_worker(rank: int, port: int, args, shared) -> None:
     torch.cuda.set_device(0 if args.ipc_only else rank)
-    peer, res = Peer(rank, port, "nccl"), {"_rank": rank}
+    peer, res = Peer(rank, port, "nccl", args.transfer_timeout_s), Results(rank, shared)
     for shape in [] if args.ipc_only else args.shapes:  # NCCL needs a GPU per process
         if "link_GBps" not in res:
             _record(res, "link_GBps", lambda: link(peer, args.link_bytes, args.reps))
@@ -290,19 +304,17 @@ def gpu_worker(rank: int, port: int, args, shared) -> None:
             ipc = partial(ours, peer, shape, bucket, args.num_buffers, args.reps, "cuda_ipc")
             _record(res, f"ipc_s/{shape}/{bucket}", ipc)
             _record(res, f"ipc_receive_s/{shape}/{bucket}", partial(ipc, apply=False))
-    shared.update({f"{k}@{rank}": v for k, v in res.items()})
 
 
 def ckpt_worker(rank: int, port: int, args, shared) -> None:
     torch.cuda.set_device(rank)
-    res = {"_rank": rank}
+    res = Results(rank, shared)
     _record(res, f"ckpt_engine_s/{args.shapes[-1]}", lambda: checkpoint_engine(rank, args.shapes[-1], port))
-    shared.update({f"{k}@{rank}": v for k, v in res.items()})
 
 
 def cpu_worker(rank: int, port: int, args, shared) -> None:
     os.environ.update(UCX_NET_DEVICES="lo", UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")
-    peer, res = Peer(rank, port, "gloo"), {"_rank": rank}
+    peer, res = Peer(rank, port, "gloo", args.transfer_timeout_s), Results(rank, shared)
     _record(res, "socket_GBps", lambda: raw_socket(peer, args.link_bytes, args.reps))
     _record(res, "link_GBps", lambda: link(peer, args.link_bytes, args.reps))
     for shape in args.shapes:
@@ -311,7 +323,6 @@ def cpu_worker(rank: int, port: int, args, shared) -> None:
         _record(res, f"gloo_s/{shape}", partial(ours, peer, shape, bucket, args.num_buffers, args.reps))
         if not args.smoke:
             _record(res, f"ucxx_s/{shape}", partial(ours, peer, shape, bucket, args.num_buffers, args.reps, "ucxx"))
-    shared.update({f"{k}@{rank}": v for k, v in res.items()})
 
 
 def raw_socket(peer: Peer, nbytes: int, reps: int) -> float:
@@ -363,7 +374,14 @@ def run(worker, args, timeout_s: float) -> dict:
                 shared["timeout"] = f"{worker.__name__} still running after {timeout_s:.0f}s: killed"
                 break
         out = dict(shared)
-    return {k.removesuffix("@0"): v for k, v in out.items() if not k.endswith("@1") and not k.startswith("_rank")}
+    rank0 = {k.removesuffix("@0"): v for k, v in out.items() if not k.endswith("@1") and not k.startswith("_rank")}
+    # The receiver's errors name what it waited for: kept beside the sender's view of the same step.
+    rank1_errors = {f"rank1/{k.removesuffix('@1')}": v for k, v in out.items() if k.endswith("@1") and _error(v)}
+    return {**rank0, **rank1_errors}
+
+
+def _error(v) -> bool:
+    return isinstance(v, dict) and "error" in v
 
 
 def _free_port() -> int:
@@ -444,7 +462,8 @@ def main() -> None:
     p.add_argument("--link-bytes", type=int, default=4 * 2**30)
     p.add_argument("--skip-checkpoint-engine", action="store_true")
     p.add_argument("--ipc-only", action="store_true", help="one GPU: only the CUDA IPC path")
-    p.add_argument("--timeout-s", type=float, default=1800)
+    p.add_argument("--timeout-s", type=float, default=1800, help="the whole run's")
+    p.add_argument("--transfer-timeout-s", type=float, default=300, help="each transfer's and barrier's deadline")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     command = "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]])

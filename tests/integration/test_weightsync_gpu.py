@@ -20,9 +20,10 @@ def _bench(monkeypatch):
 
 def _run(bench, ipc_only: bool, bucket_bytes: list[int]) -> dict:
     args = types.SimpleNamespace(
-        shapes=["smoke"], bucket_bytes=bucket_bytes, num_buffers=2, reps=1, link_bytes=2**20, ipc_only=ipc_only
-    )
-    raw = bench.run(bench.gpu_worker, args, timeout_s=300)
+        shapes=["smoke"], bucket_bytes=bucket_bytes, num_buffers=2, reps=1, link_bytes=2**20, ipc_only=ipc_only,
+        transfer_timeout_s=60,
+    )  # fmt: skip
+    raw = bench.run(bench.gpu_worker, args, timeout_s=240)  # a stuck step fails its deadline first, both sides
     errors = {k: v for k, v in raw.items() if not isinstance(v, float)}
     assert not errors, errors  # each path also asserts the receiver's checksums equal the sender's
     return raw
