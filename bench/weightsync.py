@@ -418,7 +418,8 @@ def summarize(raw: dict, args, command: str) -> dict:
     out["speedup_vs_checkpoint_engine"] = ckpt / best_nccl if ckpt and best_nccl else None
     if out["speedup_vs_checkpoint_engine"] is None:
         out["notes"].append(f"checkpoint-engine did not run: {raw.get('ckpt_engine_s/' + big, 'not attempted')}")
-    out["notes"] += [f"{k}: {v['error']}" for k, v in raw.items() if isinstance(v, dict) and "error" in v]
+    out["notes"] += [f"{k}: {v['error']}" for k, v in raw.items() if _error(v)]
+    out["notes"] += [raw["timeout"]] if "timeout" in raw else []
     if "socket_GBps" in raw:  # --cpu: the CPU paths against a raw TCP stream on loopback
         out["socket_GBps"] = _num(raw["socket_GBps"])
         for path in ("gloo", "ucxx", "naive"):

@@ -76,7 +76,7 @@ class HFEngine:
                 raise ValueError(f"engine has no weight named {name!r}")
             if params[name].shape != t.shape:
                 raise ValueError(f"weight {name!r} is {tuple(t.shape)}; the engine's is {tuple(params[name].shape)}")
-        with torch.no_grad():  # per tensor: at refit sizes torch's copy runs at HBM speed, _foreach_copy_ ~30% below
+        with torch.no_grad():  # per tensor: at refit sizes copy_ runs at HBM speed, _foreach_copy_ 35% slower (H200)
             for name, t in named:
                 params[name].copy_(t)
 
