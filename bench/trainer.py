@@ -170,7 +170,7 @@ def summary(times: list[float], num_tokens: int, num_params: int, world: int, de
     }
 
 
-def build_engine(shape: str, args, device: torch.device, options: dict):
+def build_engine(shape: str, device: torch.device, options: dict):
     """The FSDP2 engine over this run's ranks with `options` on top of the bench's config; its params."""
     from services.trainer.build import assemble_engine
 
@@ -182,7 +182,7 @@ def build_engine(shape: str, args, device: torch.device, options: dict):
 
 def run_engine(shape: str, batch, args, device: torch.device, options: dict) -> dict:
     options = {"max_tokens_per_microbatch": args.max_tokens, "dtype": args.dtype, **options}
-    engine, num_params = build_engine(shape, args, device, options)
+    engine, num_params = build_engine(shape, device, options)
     return measure(engine, batch, num_params, args, device, options)
 
 
