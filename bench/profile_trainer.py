@@ -46,9 +46,8 @@ def main() -> None:
     # Kernels on several streams overlap, so their sum can exceed the wall time: near 100 % or above, the
     # GPU never waited on the host.
     kernels = sum(e.self_device_time_total for e in table if e.device_type == DeviceType.CUDA) / 1e6
-    print(
-        f"{args.backend} {shape}: step {wall:.3f} s under the profiler, kernel time {kernels:.3f} s ({kernels / wall:.0%})"
-    )
+    share = f"{kernels:.3f} s ({kernels / wall:.0%})"
+    print(f"{args.backend} {shape}: step {wall:.3f} s under the profiler, kernel time {share}")
     print(table.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=70))
 
 
