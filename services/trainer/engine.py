@@ -158,8 +158,7 @@ class Engine:
             checkpoint.reset_dir(staging)
         dist.barrier()
         if train_state:
-            folder = staging / checkpoint.TRAIN_STATE
-            checkpoint.save_train_state(folder, self.model, self.optimizer, self.policy_version, self.rank)
+            self._save_train_state(staging / checkpoint.TRAIN_STATE)
         if self.rank != 0:
             return {}
         from services.weightsync.manifest import tensor_checksum  # protos: not needed to train
@@ -170,9 +169,15 @@ class Engine:
 
     def load(self, path: Path) -> int:
         """Restore policy, optimizer, policy_version and RNG from a checkpoint written by save()."""
-        folder = path / checkpoint.TRAIN_STATE
-        self.policy_version = checkpoint.load_train_state(folder, self.model, self.optimizer, self.rank)
+        self.policy_version = self._load_train_state(path / checkpoint.TRAIN_STATE)
         return self.policy_version
+
+    def _save_train_state(self, folder: Path) -> None:
+        """Collective: the sharded training state (torch distributed checkpoint)."""
+        checkpoint.save_train_state(folder, self.model, self.optimizer, self.policy_version, self.rank)
+
+    def _load_train_state(self, folder: Path) -> int:
+        return checkpoint.load_train_state(folder, self.model, self.optimizer, self.rank)
 
     def _plan(self, seqs: list[Seq]) -> list[list[Packed | None]]:
         # FSDP2 gathers each layer's weights with a collective in every forward and backward, so all

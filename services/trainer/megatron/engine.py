@@ -21,7 +21,6 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
-from .. import checkpoint
 from ..engine import BatchTokens, Engine
 from ..head import compile_head
 from ..losses import mult_prob_error, token_logprobs_and_entropy
@@ -203,27 +202,12 @@ class MegatronEngine(Engine):
             mine = {k: v for p in parts or [] for k, v in p.items()}
         return mine if self.rank == 0 else {}
 
-    def save(self, path: Path, train_state: bool = True) -> dict[str, str]:
-        """The HF export (and the training state, see train_state.py); per-tensor checksums on rank 0."""
-        sd = self.full_state_dict()
-        staging = checkpoint.staging_dir(path)
-        if self.rank == 0:
-            checkpoint.reset_dir(staging)
-        dist.barrier()
-        if train_state:
-            ts.save(staging / checkpoint.TRAIN_STATE, self.model.module, self.optimizer, self.policy_version, self.rank)
-        if self.rank != 0:
-            return {}
-        from services.weightsync.manifest import tensor_checksum
+    def _save_train_state(self, folder: Path) -> None:
+        """Megatron's own per-rank files (train_state.py), not torch distributed checkpoint."""
+        ts.save(folder, self.model.module, self.optimizer, self.policy_version, self.rank)
 
-        checkpoint.write_hf(sd, self.model_dir, staging)
-        checkpoint.publish_dir(staging, path)
-        return {name: tensor_checksum(t) for name, t in sd.items()}
-
-    def load(self, path: Path) -> int:
-        """Restore policy, optimizer, policy_version and RNG from a checkpoint written by save()."""
-        self.policy_version = ts.load(path / checkpoint.TRAIN_STATE, self.model.module, self.optimizer, self.rank)
-        return self.policy_version
+    def _load_train_state(self, folder: Path) -> int:
+        return ts.load(folder, self.model.module, self.optimizer, self.rank)
 
 
 def _cast(t: Tensor, dtype: torch.dtype | None) -> Tensor:
