@@ -97,21 +97,11 @@ def bench_shape(shape: str, args, device, results: dict) -> None:
 
 def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="0p5b,1p5b")
+    bt.add_batch_args(p)  # the trainer benchmark's models, batch and timing: both backends see the same
     p.add_argument(
         "--tp", type=int, default=1, help="Megatron tensor parallel size (run under torchrun with as many ranks)"
     )
     p.add_argument("--fsdp2-variant", default="compiled", choices=sorted(bt.VARIANTS))
-    p.add_argument("--num-prompts", type=int, default=32)
-    p.add_argument("--group", type=int, default=8)
-    p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--min-response", type=int, default=64)
-    p.add_argument("--max-response", type=int, default=2048)
-    p.add_argument("--max-tokens", type=int, default=16384, help="max_tokens_per_microbatch of both backends")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--check-seqs", type=int, default=4)
     p.add_argument("--tmp", default=None, help="folder for the HF checkpoint Megatron loads")
     p.add_argument("--out", type=Path, default=bt.ROOT / "bench/results/megatron.json")
     return p

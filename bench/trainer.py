@@ -342,23 +342,28 @@ def scaling(args, device: torch.device, results: dict) -> None:
     results[f"scaling_efficiency_{key}"] = engine and single and engine["tokens_per_s"] / (world * single)
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--smoke", action="store_true", help="tiny model on CPU, small batch")
-    p.add_argument("--scaling", action="store_true", help="under torchrun: the 1.5B engine over all ranks")
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """The models, RL-shaped batch and timing every trainer benchmark shares (bench/megatron_vs_fsdp2.py too)."""
     p.add_argument("--models", default="0p5b,1p5b")
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--min-response", type=int, default=64)
     p.add_argument("--max-response", type=int, default=2048)
-    p.add_argument("--max-tokens", type=int, default=16384, help="engine's max_tokens_per_microbatch")
-    p.add_argument("--variants", default=",".join(VARIANTS), help=f"engine variants, of {','.join(VARIANTS)}")
-    p.add_argument("--naive-batch", type=int, default=4, help="sequences per naive padded micro-batch")
+    p.add_argument("--max-tokens", type=int, default=16384, help="the engines' max_tokens_per_microbatch")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--check-seqs", type=int, default=4)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="tiny model on CPU, small batch")
+    p.add_argument("--scaling", action="store_true", help="under torchrun: the 1.5B engine over all ranks")
+    add_batch_args(p)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"engine variants, of {','.join(VARIANTS)}")
+    p.add_argument("--naive-batch", type=int, default=4, help="sequences per naive padded micro-batch")
     p.add_argument("--skip-naive", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
