@@ -33,7 +33,8 @@ def timed(fn, reps: int) -> tuple[float, float]:
     return best
 
 
-def stages(shape: str, bucket_bytes: int, num_buffers: int) -> dict:
+def stages(shape: str, bucket_bytes: int, num_buffers: int) -> tuple[dict, dict]:
+    """The refit's stages as callables by name, and the payload's size, bucket and tensor counts."""
     device = torch.device("cuda", 0)
     named = bw.random_state(shape, device)
     lookup = dict(named)
@@ -48,14 +49,14 @@ def stages(shape: str, bucket_bytes: int, num_buffers: int) -> dict:
     def each_bucket(fn):
         return lambda: [fn(i, ring[i % num_buffers][: plan.bucket_nbytes[i]]) for i in range(plan.num_buckets)]
 
-    return {
+    rows = {
         "pack with checksum (sender)": each_bucket(lambda i, buf: pack_sum64(buf, plan, i, lookup)),
         "pack without checksum": each_bucket(lambda i, buf: pack_into(buf, plan, i, lookup)),
         "copy out with checksum (receiver)": each_bucket(lambda i, buf: cs.copy_sum64(buf, received[i])),
         "engine copy, per tensor": lambda: [engine[n].copy_(v) for n, v in views],
         "plain copy of the bytes": lambda: flat_out.copy_(flat),
-        "_meta": {"GB": sum(plan.bucket_nbytes) / 1e9, "buckets": plan.num_buckets, "tensors": len(named)},
     }
+    return rows, {"GB": sum(plan.bucket_nbytes) / 1e9, "buckets": plan.num_buckets, "tensors": len(named)}
 
 
 def main() -> None:
@@ -66,8 +67,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
     for shape in args.shapes:
-        rows = stages(shape, args.bucket_bytes, args.num_buffers)
-        meta = rows.pop("_meta")
+        rows, meta = stages(shape, args.bucket_bytes, args.num_buffers)
         print(f"{shape}: {meta['GB']:.2f} GB in {meta['buckets']} buckets, {meta['tensors']} tensors")
         for name, fn in rows.items():
             seconds, host = timed(fn, args.reps)
