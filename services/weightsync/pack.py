@@ -30,27 +30,48 @@ def pack_into(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[st
 
 def pack_sum64(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[str, torch.Tensor]) -> torch.Tensor:
     """pack_into, returning the bucket's sum64; where the kernels run, sources are copied by the
-    checksumming kernel, so the bytes are read once and written once.
+    checksumming kernel, so the bytes are read once and written once, in one launch per bucket.
 
     sum64 is a sum of per-word terms, so the bucket's value is the sum of its pieces' values given each
-    piece's first line (padding is zeroed). A piece that starts inside a 64-byte line or is not whole
-    words (a fused tensor split at an odd row) sends the bucket the two-step way: pack, then one read.
-    A source that must be cast or lives elsewhere is copied by torch, then summed where it landed.
+    piece's first line (the kernel zeroes the padding). A piece that starts inside a 64-byte line or is
+    not whole words (a fused tensor split at an odd row) sends the bucket the two-step way: pack, then
+    one read. A source that must be cast or lives elsewhere is copied by torch, then summed where it
+    landed. The pieces go to the kernel by address: building a view per tensor cost more host time
+    than the copies take on the GPU.
     """
     kernels = cs.kernels_for(buf)
-    pieces = _pieces(buf, plan, index, lookup)
-    spans = [(_byte_offset(dst, buf), dst.numel() * dst.element_size()) for _, dst in pieces]
-    if kernels is None or any(offset % ALIGN_BYTES or nbytes % 8 for offset, nbytes in spans):
+    spans = _spans(plan, index, lookup)
+    if kernels is None or any(offset % ALIGN_BYTES or nbytes % 8 for _, offset, nbytes in spans):
         pack_into(buf, plan, index, lookup)
         return cs.sum64(buf)
-    _zero_padding(buf, plan, index)
-    work = []
-    for (src, dst), (offset, nbytes) in zip(pieces, spans):
-        src_words = kernels.words(src) if src.device == buf.device and src.dtype == dst.dtype else None
-        if src_words is None:
-            dst.copy_(src, non_blocking=True)
-        work.append((src_words, buf[offset : offset + nbytes].view(torch.int64), offset // ALIGN_BYTES))
-    return kernels.sum64_pieces(work)
+    base, rows, end = buf.data_ptr(), [], 0
+    for (src, dtype), offset, nbytes in spans:
+        if offset > end:  # padding before this piece
+            rows.append((base + end, base + end, (offset - end) // 8, end // ALIGN_BYTES, kernels.ZERO))
+        addr = base + offset
+        if src.device == buf.device and src.dtype == dtype and src.is_contiguous() and src.data_ptr() % 8 == 0:
+            rows.append((src.data_ptr(), addr, nbytes // 8, offset // ALIGN_BYTES, kernels.COPY))
+        else:
+            buf[offset : offset + nbytes].view(dtype).view(src.shape).copy_(src.detach(), non_blocking=True)
+            rows.append((addr, addr, nbytes // 8, offset // ALIGN_BYTES, kernels.SUM))
+        end = offset + nbytes
+    if end < buf.numel():
+        rows.append((base + end, base + end, (buf.numel() - end) // 8, end // ALIGN_BYTES, kernels.ZERO))
+    return kernels.sum64_rows(rows, buf.device)
+
+
+def _spans(plan: TransferPlan, index: int, lookup) -> list[tuple[tuple[torch.Tensor, torch.dtype], int, int]]:
+    """((sender tensor, slot dtype), byte offset in the bucket, bytes) for each sender tensor, in order;
+    a fused slot's sources are consecutive row ranges of it."""
+    out = []
+    for slot in plan.by_bucket[index]:
+        dtype, offset = getattr(torch, slot.dtype), slot.offset
+        for name in slot.sources:
+            src = lookup[name]
+            nbytes = src.numel() * dtype.itemsize
+            out.append(((src, dtype), offset, nbytes))
+            offset += nbytes
+    return out
 
 
 def _pieces(buf, plan: TransferPlan, index: int, lookup) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -66,10 +87,6 @@ def _pieces(buf, plan: TransferPlan, index: int, lookup) -> list[tuple[torch.Ten
             out.append((src, dst[row : row + src.shape[0]]))
             row += src.shape[0]
     return out
-
-
-def _byte_offset(view: torch.Tensor, buf: torch.Tensor) -> int:
-    return view.data_ptr() - buf.data_ptr()
 
 
 def _zero_padding(buf: torch.Tensor, plan: TransferPlan, index: int) -> None:

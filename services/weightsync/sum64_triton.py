@@ -2,6 +2,10 @@
 
 They give exactly checksum.sum64_reference's three int64 values (wrapping mod 2**64), so GPU and CPU
 peers agree. Imported only where they run: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1.
+
+A bucket is packed from hundreds of tensors; one launch per tensor cost ~20 us of host time each, more
+than the copies. So every piece of a bucket goes to one launch: a table gives each piece's addresses,
+size, line and first tile, and each program finds its piece by binary search over the first tiles.
 """
 
 from __future__ import annotations
@@ -13,23 +17,44 @@ import triton.language as tl
 LINE_WORDS = 8  # 64-byte lines, as in checksum.py
 BLOCK_LINES = 256
 """Lines per program: 16 KiB, 16 words per thread at 4 warps, enough loads in flight to stream HBM."""
+SUM, COPY, ZERO = 0, 1, 2
+"""What a piece's program does: sum the destination where it lies, copy the source into it while
+summing, or zero it (padding: adds nothing to the sum)."""
 
 
 @triton.jit
-def _sum64_kernel(src, dst, partials, num_words, first_line, COPY: tl.constexpr, WHOLE_LINES: tl.constexpr,
-                  BLOCK_LINES: tl.constexpr):  # fmt: skip
-    # One tile of BLOCK_LINES x 8 words; its three partial sums go to partials[pid]. Line k of the bucket
-    # (first_line + local line) weighs k + 1 and column c weighs c + 1, as in the torch reference.
-    pid = tl.program_id(0)
-    line = pid.to(tl.int64) * BLOCK_LINES + tl.arange(0, BLOCK_LINES)
+def _pieces_kernel(table, num_pieces, partials, ALIGNED: tl.constexpr, BLOCK_LINES: tl.constexpr):
+    # Program pid does tile pid - first_tile of the last piece whose first tile is <= pid; its three
+    # partial sums go to partials[pid]. Line k of the bucket (the piece's first line + local line) weighs
+    # k + 1 and column c weighs c + 1, as in the torch reference.
+    pid = tl.program_id(0).to(tl.int64)
+    lo = pid * 0
+    hi = lo + num_pieces
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tl.load(table + mid * 6 + 4) <= pid:
+            lo = mid
+        else:
+            hi = mid
+    row = table + lo * 6
+    src = tl.load(row).to(tl.pointer_type(tl.int64))
+    dst = tl.load(row + 1).to(tl.pointer_type(tl.int64))
+    num_words = tl.load(row + 2)
+    first_line = tl.load(row + 3)
+    mode = tl.load(row + 5)
+    if ALIGNED:  # 16-byte addresses and even word counts: two words per load and store
+        src = tl.multiple_of(src, 16)
+        dst = tl.multiple_of(dst, 16)
+        num_words = tl.multiple_of(num_words, 2)
+    line = (pid - tl.load(row + 4)) * BLOCK_LINES + tl.arange(0, BLOCK_LINES)
     col = tl.arange(0, 8)
     offs = line[:, None] * 8 + col[None, :]
-    if WHOLE_LINES:  # a mask constant along each line keeps the loads vectorized
-        mask = line[:, None] * 8 < num_words
+    mask = offs < num_words
+    if mode == 2:
+        w = tl.zeros((BLOCK_LINES, 8), dtype=tl.int64)
     else:
-        mask = offs < num_words
-    w = tl.load(src + offs, mask=mask, other=0)
-    if COPY:
+        w = tl.load(src + offs, mask=mask, other=0)
+    if mode != 0:
         tl.store(dst + offs, w, mask=mask)
     line_sums = tl.sum(w, axis=1)
     col_sums = tl.sum(w, axis=0)
@@ -52,38 +77,50 @@ def _num_tiles(num_words: int) -> int:
     return triton.cdiv(triton.cdiv(num_words, LINE_WORDS), BLOCK_LINES)
 
 
-Piece = tuple[torch.Tensor | None, torch.Tensor, int]
-"""(source words or None, destination words, line of the bucket where the destination starts)."""
+Piece = tuple[torch.Tensor | None, torch.Tensor, int, int]
+"""(source words or None, destination words, line of the bucket where the destination starts, mode):
+mode COPY needs a source; SUM and ZERO take None."""
+Row = tuple[int, int, int, int, int]
+"""A piece by address: (source address, destination address, words, first line, mode)."""
 
 
 def sum64_pieces(pieces: list[Piece]) -> torch.Tensor:
-    """sum64 of a bucket made of pieces, int64[3] on its device: a piece with a source is copied into its
-    destination while summed; one without is summed where it lies. Every byte is read once.
+    """sum64 of a bucket made of pieces, int64[3] on its device, in one launch: each piece is copied
+    into its destination while summed, summed where it lies, or zeroed. Every byte is read at most once.
 
     sum64 adds up one term per word, so a bucket's value is the sum of its pieces' values; bytes that
     no piece covers must be zero (zero words add nothing).
     """
-    device = pieces[0][1].device
-    partials = torch.empty(sum(_num_tiles(d.numel()) for _, d, _ in pieces), 3, dtype=torch.int64, device=device)
-    row = 0
-    for src, dst, first_line in pieces:
-        assert dst.dtype == torch.int64 and dst.is_contiguous() and (src is None or src.shape == dst.shape)
-        tiles = _num_tiles(dst.numel())
-        if tiles == 0:
+    rows = []
+    for src, dst, first_line, mode in pieces:
+        assert dst.dtype == torch.int64 and dst.is_contiguous(), dst
+        assert (mode == COPY) == (src is not None) and (src is None or src.shape == dst.shape), mode
+        rows.append(((src if src is not None else dst).data_ptr(), dst.data_ptr(), dst.numel(), first_line, mode))
+    return sum64_rows(rows, pieces[0][1].device)
+
+
+def sum64_rows(rows: list[Row], device: torch.device) -> torch.Tensor:
+    """sum64_pieces for pieces given by address (no tensor views to build: ~1 us of host per piece)."""
+    entries, tiles, aligned = [], 0, True
+    for src, dst, num_words, first_line, mode in rows:
+        if num_words == 0:
             continue
-        _sum64_kernel[(tiles,)](
-            dst if src is None else src, dst, partials[row : row + tiles], dst.numel(), first_line,
-            COPY=src is not None, WHOLE_LINES=dst.numel() % LINE_WORDS == 0, BLOCK_LINES=BLOCK_LINES,
-        )  # fmt: skip
-        row += tiles
+        aligned &= src % 16 == 0 and dst % 16 == 0 and num_words % 2 == 0
+        entries.append((src, dst, num_words, first_line, tiles, mode))
+        tiles += _num_tiles(num_words)
+    partials = torch.empty(max(tiles, 1), 3, dtype=torch.int64, device=device)
+    if tiles == 0:
+        return partials.zero_()[0]
+    table = torch.tensor(entries, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+    _pieces_kernel[(tiles,)](table, len(entries), partials, ALIGNED=aligned, BLOCK_LINES=BLOCK_LINES)
     return partials.sum(0)
 
 
 def sum64(buf: torch.Tensor) -> torch.Tensor:
     """checksum.sum64 of a uint8 bucket in one read."""
-    return sum64_pieces([(None, buf.view(torch.int64), 0)])
+    return sum64_pieces([(None, buf.view(torch.int64), 0, SUM)])
 
 
 def copy_sum64(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     """dst.copy_(src) for uint8 buckets, returning sum64 of the bytes, in one read and one write."""
-    return sum64_pieces([(src.view(torch.int64), dst.view(torch.int64), 0)])
+    return sum64_pieces([(src.view(torch.int64), dst.view(torch.int64), 0, COPY)])

@@ -43,19 +43,27 @@ def check_sum64_and_copy(device: torch.device) -> None:
 
 
 def check_pieces_add_up_to_the_bucket(device: torch.device) -> None:
-    """Pieces at line offsets, some not whole lines, the rest zero: the bucket's reference value."""
+    """One launch over pieces at line offsets, some not whole lines, some copied, some summed in place,
+    some zeroed over garbage, the rest zero: the bucket's reference value, and the bytes as asked."""
     kernels = _kernels(device)
-    bucket = torch.zeros(2 * TILE + 4096, dtype=torch.uint8, device=device)
-    spans = [(0, 8), (64, 1992), (2112, TILE + 56), (TILE + 2176, TILE + 1920)]  # (offset, nbytes)
+    bucket = torch.zeros(3 * TILE + 4096, dtype=torch.uint8, device=device)
+    spans = [(0, 8), (64, 1992), (2112, TILE + 56), (TILE + 2176, TILE + 1920), (2 * TILE + 4096, TILE)]
     pieces = []
     for i, (offset, nbytes) in enumerate(spans):
         dst = bucket[offset : offset + nbytes].view(torch.int64)
-        src = _random_bytes(nbytes, device, 10 + i).view(torch.int64) if i % 2 else None
-        if src is None:
-            dst.copy_(_random_bytes(nbytes, device, 10 + i).view(torch.int64))
-        pieces.append((src, dst, offset // 64))
-    assert torch.equal(kernels.sum64_pieces(pieces), cs.sum64_reference(bucket))
-    assert torch.equal(pieces[1][1], pieces[1][0])
+        data = _random_bytes(nbytes, device, 10 + i).view(torch.int64)
+        if i == 4:  # padding: garbage the kernel must zero
+            dst.copy_(data)
+            pieces.append((None, dst, offset // 64, kernels.ZERO))
+        elif i % 2:
+            pieces.append((data, dst, offset // 64, kernels.COPY))
+        else:
+            dst.copy_(data)
+            pieces.append((None, dst, offset // 64, kernels.SUM))
+    got = kernels.sum64_pieces(pieces)
+    assert torch.equal(got, cs.sum64_reference(bucket))
+    assert torch.equal(pieces[1][1], pieces[1][0]) and torch.equal(pieces[3][1], pieces[3][0])
+    assert not pieces[4][1].any()
 
 
 def check_pack_sum64_matches_pack_then_sum(device: torch.device) -> None:
