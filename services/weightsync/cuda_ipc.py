@@ -35,7 +35,8 @@ class IpcBuffer:
 
 
 _rings: dict[tuple, tuple[list[torch.Tensor], list[IpcBuffer]]] = {}
-_opened: dict[bytes, torch.Tensor] = {}
+_opened: dict[tuple[bytes, int], torch.Tensor] = {}
+"""By (handle, offset): buffers under 1 MiB share one allocator segment, hence one handle."""
 
 
 def device_uuid(index: int) -> str:
@@ -61,17 +62,18 @@ def shared_ring(
 
 
 def open_shared(b) -> torch.Tensor:
-    """A uint8 view of a sender's buffer on this process's view of the same GPU (cached by handle)."""
-    if b.handle not in _opened:
+    """A uint8 view of a sender's buffer on this process's view of the same GPU (cached by handle and offset)."""
+    key = (b.handle, b.storage_offset_bytes)
+    if key not in _opened:
         index = next((i for i in range(torch.cuda.device_count()) if device_uuid(i) == b.device_uuid), None)
         if index is None:
             raise ValueError(f"cuda_ipc needs sender and receiver on one GPU; GPU {b.device_uuid} is not visible here")
-        _opened[b.handle] = rebuild_cuda_tensor(
+        _opened[key] = rebuild_cuda_tensor(
             torch.Tensor, (b.nbytes,), (1,), 0, torch.storage.TypedStorage, torch.uint8, index, b.handle,
             b.storage_size_bytes, b.storage_offset_bytes, False, b.ref_counter_handle, b.ref_counter_offset,
             b.event_handle or None, b.event_sync_required,
         )  # fmt: skip
-    return _opened[b.handle]
+    return _opened[key]
 
 
 class CudaIpcTransport:
