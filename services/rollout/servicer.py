@@ -9,7 +9,7 @@ import torch
 
 from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2
 from services.common.grpcio import servicer_edge
-from services.weightsync.manifest import tensor_checksum
+from services.weightsync import checksum as cs
 from services.weightsync.receiver import receive_version
 
 from .engine import Engine
@@ -53,7 +53,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         with self.state.lock:
             self.state.engine.load_weights(named)
             self.state.policy_version = m.policy_version
-            readback = readback_checksums(self.state.engine.read_weights(), list(m.tensors))
+            readback = readback_checksums(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo)
         return rollout_pb2.LoadWeightsReply(
             policy_version=m.policy_version,
             received_checksum=received,
@@ -62,18 +62,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         )
 
 
-# Tensors up to this size are read back and hashed on every refit (norms, biases, a small model
-# whole). Larger ones are covered by the bucket checksums of what arrived: hashing them on the host
-# each refit would cost more than the transfer itself.
+# Tensors up to this size are read back and checksummed on every refit (norms, biases, a small model
+# whole). Larger ones are covered by the bucket checksums of what arrived.
 READBACK_MAX_NUMEL = 2**22
 
 
-def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.TensorSpec]) -> dict[str, str]:
-    """Checksums of the engine's tensors under the manifest's names, where the engine exposes them.
+def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.TensorSpec], algo: str) -> dict[str, str]:
+    """Checksums of the engine's tensors under the manifest's names, where the engine exposes them, in the
+    family of the manifest's bucket checksums (checksum.readback_checksums).
 
     vLLM pads the vocabulary dimension of embeddings and lm_head; the padding rows are cut off.
     """
-    out = {}
+    named = []
     for s in specs:
         t = held.get(s.name)
         if t is None or t.numel() > READBACK_MAX_NUMEL:
@@ -82,5 +82,5 @@ def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.Te
         if tuple(t.shape) != shape and t.shape[1:] == shape[1:] and t.shape[0] >= shape[0]:
             t = t[: shape[0]]
         if tuple(t.shape) == shape and str(t.dtype).removeprefix("torch.") == s.dtype:
-            out[s.name] = tensor_checksum(t)
-    return out
+            named.append((s.name, t))
+    return cs.readback_checksums(named, algo)

@@ -32,6 +32,31 @@ def tensor_checksum(t: torch.Tensor) -> str:
     return blake2b_hex(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
 
 
+def readback_checksums(named: list[tuple[str, torch.Tensor]], algo: str) -> dict[str, str]:
+    """Checksums of tensors read back from an engine (or what the sender expects there), in the family of
+    the refit's bucket checksums: for "sum64" each tensor's bytes (zero-padded to whole words) are summed
+    on their device, one host sync for all; otherwise blake2b on the host.
+
+    Hashing on the host moved about 10 % of a GPU model through it each refit, on both sides: 0.3 s of
+    a 1.3 s colocated refit at 1.5B.
+    """
+    if algo != "sum64":
+        return {name: tensor_checksum(t) for name, t in named}
+    sums = [sum64(_padded_words(t)) for _, t in named]
+    return dict(zip([name for name, _ in named], digests(sums), strict=True))
+
+
+def _padded_words(t: torch.Tensor) -> torch.Tensor:
+    """t's bytes as a uint8 buffer of whole 64-byte lines (a view where it already is one, else a copy)."""
+    b = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    line = 8 * _LINE_WORDS
+    if b.numel() % line == 0 and b.data_ptr() % 16 == 0:
+        return b
+    out = torch.zeros(-(-b.numel() // line) * line, dtype=torch.uint8, device=b.device)
+    out[: b.numel()] = b
+    return out
+
+
 def combine(bucket_checksums: list[str]) -> str:
     return blake2b_hex("".join(bucket_checksums).encode())
 

@@ -67,7 +67,7 @@ def publish(
     if failed or commit.error:
         raise RefitError(f"version {policy_version} not applied: {'; '.join(failed + [commit.error])}")
     refit_s = time.perf_counter() - start
-    verified = verify(done.results, commit.checksum, plan, dict(named))
+    verified = verify(done.results, commit.checksum, plan, dict(named), manifest.checksum_algo)
     received = {r.endpoint_id: r.received_checksum for r in done.results}
     return RefitResult(
         policy_version, plan.payload_bytes, commit.checksum, reply.num_endpoints, refit_s, received, verified
@@ -109,17 +109,21 @@ def _send(reply, source, plan: TransferPlan, lookup: dict[str, torch.Tensor], ri
     return weightsync_pb2.CommitRequest(refit_id=reply.refit_id, bucket_checksums=digests, checksum=cs.combine(digests))
 
 
-def verify(results, sent_checksum: str, plan: TransferPlan, named: dict[str, torch.Tensor]) -> int:
+def verify(results, sent_checksum: str, plan: TransferPlan, named: dict[str, torch.Tensor], algo: str) -> int:
     """Check what every endpoint received and read back against what was sent; return tensors verified
-    (those read back whose sources this sender holds: its share, where several ranks send)."""
+    (those read back whose sources this sender holds: its share, where several ranks send). `algo` is the
+    manifest's checksum_algo, whose family the read-back checksums are in."""
     slots = {s.name: s for s in plan.slots}
+    read = {n for r in results for n in r.readback_checksums if n in slots}
+    held = [n for n in sorted(read) if all(src in named for src in slots[n].sources)]
+    want = cs.readback_checksums([(n, expected_tensor(slots[n], named)) for n in held], algo)
     counts = []
     for r in results:
         if r.received_checksum != sent_checksum:
             raise RefitError(f"{r.endpoint_id} received checksum {r.received_checksum}, sent {sent_checksum}")
-        held = [n for n in r.readback_checksums if n in slots and all(src in named for src in slots[n].sources)]
-        bad = [n for n in held if r.readback_checksums[n] != cs.tensor_checksum(expected_tensor(slots[n], named))]
+        mine = [n for n in held if n in r.readback_checksums]
+        bad = [n for n in mine if r.readback_checksums[n] != want[n]]
         if bad:
             raise RefitError(f"{r.endpoint_id} holds different values than sent for {bad[:5]}")
-        counts.append(len(held))
+        counts.append(len(mine))
     return min(counts, default=0)

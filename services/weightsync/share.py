@@ -82,6 +82,7 @@ def publish_share(
     `named` holds the sources of this rank's buckets. Rank 0 announces the version, gathers the other
     ranks' bucket checksums (or errors) and commits; it returns the result, the others None."""
     start, plan, senders = time.perf_counter(), share.plan, share.senders
+    algo = cs.algo_for(device_of(share.transport))
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     sender_id = sender_id or f"trainer {socket.gethostname()}:{os.getpid()} ({world} ranks)"
     source = weights_pb2.DataSource(sender_id=sender_id)
@@ -90,7 +91,7 @@ def publish_share(
         announced = [None]
         if rank == 0:
             try:
-                manifest = mf.to_manifest(plan, policy_version, cs.algo_for(device_of(share.transport)), senders)
+                manifest = mf.to_manifest(plan, policy_version, algo, senders)
                 request = weightsync_pb2.PublishRequest(
                     manifest=manifest, timeout_s=timeout_s, source=source, num_senders=world
                 )
@@ -136,7 +137,7 @@ def publish_share(
         raise RefitError(f"version {policy_version} not applied: {'; '.join(failed + [failure])}")
     # Every rank checks what the engines read back of the tensors it sent.
     try:
-        checked = (verify(done.results, checksum, plan, dict(named)), "")
+        checked = (verify(done.results, checksum, plan, dict(named), algo), "")
     except RefitError as e:
         checked = (0, f"rank {rank}: {e}")
     counts = [None] * world if rank == 0 else None
