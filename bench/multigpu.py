@@ -147,6 +147,11 @@ def summarize(run_dir: Path, num_gpus: int, link: tuple[str, float], peak_MiB: d
         "peak_mem_GiB",
     )
     table = [{k: r.get(k) for k in keys} for r in rows]
+    # Where each refit's seconds went (refits.jsonl): the trainer's gather, its publish, each engine's load.
+    refits = {r["step"]: r for r in map(json.loads, (run_dir / "refits.jsonl").read_text().splitlines())}
+    for row in table:
+        r = refits.get(row["step"], {})
+        row["refit_breakdown"] = {k: r.get(k) for k in ("gather_s", "publish_s", "apply_s")}
     steady = rows[1:] or rows  # the first step carries warm-up (allocator, NCCL communicators)
     refit_GBps = sum(r["refit/GBps"] for r in steady) / len(steady)
     tokens = sum(r["num_tokens"] for r in steady)

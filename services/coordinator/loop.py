@@ -142,6 +142,12 @@ class GrpoLoop:
                 "received_checksums": dict(reply.received_checksums),
                 "num_readback_verified": reply.num_readback_verified,
                 "payload_bytes": reply.payload_bytes,
+                # Where the refit's seconds went: the trainer's gather, its publish (send, the engines'
+                # loads, verification), and each engine's LoadWeights.
+                "refit_s": refit_s,
+                "gather_s": reply.gather_s,
+                "publish_s": reply.refit_s,
+                "apply_s": dict(reply.apply_s),
             }
             f.write(json.dumps(record) + "\n")
         return reply, refit_s

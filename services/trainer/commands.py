@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -79,14 +80,17 @@ class Executor:
         on_device = engine.device.type == "cuda" and device_of(transport).type == "cuda"
         dtype = getattr(torch, ws.cast_dtype) if ws.cast_dtype else None
         address, timeout_s = f"{ws.host}:{ws.grpc_port}", request.timeout_s or ws.timeout_s
+        start = time.perf_counter()
         if ws.all_ranks_send and engine.world > 1 and engine.shares_weights and transport in ("gloo", "nccl"):
             share = share_plan(engine.hf_layout(dtype), address, ws.bucket_bytes, timeout_s)
             if share is None:  # rank 0 raised: the weightsync service could not be asked
                 return None
             named = engine.gather_share(share.owners(), on_device, dtype)
+            gather_s = time.perf_counter() - start
             result = publish_share(list(named.items()), share, engine.policy_version, address, timeout_s)
         else:
             sd = engine.full_state_dict(on_device, dtype)
+            gather_s = time.perf_counter() - start
             if engine.rank != 0:
                 return None
             result = publish(list(sd.items()), engine.policy_version, address, ws.bucket_bytes, timeout_s)
@@ -100,4 +104,6 @@ class Executor:
             num_endpoints=result.num_endpoints,
             received_checksums=result.received_checksums,
             num_readback_verified=result.num_readback_verified,
+            gather_s=gather_s,
+            apply_s=result.apply_s,
         )

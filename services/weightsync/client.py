@@ -30,6 +30,8 @@ class RefitResult:
     """Endpoint id -> checksum it recomputed over what arrived (equal to `checksum`)."""
     num_readback_verified: int
     """Tensors read back from every engine and found equal to the sent ones (min over endpoints)."""
+    apply_s: dict[str, float]
+    """Endpoint id -> seconds its LoadWeights took (receive, verify, load, read back)."""
 
 
 class RefitError(RuntimeError):
@@ -69,8 +71,9 @@ def publish(
     refit_s = time.perf_counter() - start
     verified = verify(done.results, commit.checksum, plan, dict(named), manifest.checksum_algo)
     received = {r.endpoint_id: r.received_checksum for r in done.results}
+    applied = {r.endpoint_id: r.apply_s for r in done.results}
     return RefitResult(
-        policy_version, plan.payload_bytes, commit.checksum, reply.num_endpoints, refit_s, received, verified
+        policy_version, plan.payload_bytes, commit.checksum, reply.num_endpoints, refit_s, received, verified, applied
     )
 
 

@@ -150,7 +150,10 @@ def publish_share(
     received = {r.endpoint_id: r.received_checksum for r in done.results}
     verified = sum(n for n, _ in counts)
     refit_s = time.perf_counter() - start
-    return RefitResult(policy_version, plan.payload_bytes, checksum, reply.num_endpoints, refit_s, received, verified)
+    applied = {r.endpoint_id: r.apply_s for r in done.results}
+    return RefitResult(
+        policy_version, plan.payload_bytes, checksum, reply.num_endpoints, refit_s, received, verified, applied
+    )
 
 
 def _commit_and_await(

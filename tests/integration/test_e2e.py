@@ -78,6 +78,11 @@ def test_grpo_steps_through_all_services(tmp_path, tiny_model):
     for r in refits:
         assert list(r["received_checksums"].values()) == [r["checksum"]]
         assert r["num_readback_verified"] >= 5
+        # The breakdown adds up: gather and publish happen one after the other inside the refit, and
+        # the one engine's load inside the publish.
+        assert set(r["apply_s"]) == set(r["received_checksums"])
+        assert 0 < r["gather_s"] and 0 < max(r["apply_s"].values()) <= r["publish_s"]
+        assert r["gather_s"] + r["publish_s"] <= r["refit_s"]
 
     # Every prompt's trajectories land in exactly one training batch.
     batches = _jsonl(run_dir / "batches.jsonl")
