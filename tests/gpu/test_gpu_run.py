@@ -51,3 +51,4 @@ def test_grpo_steps_on_the_gpu(tmp_path, tiny_model, backend, transport):
         assert r["refit/bytes"] > 0
     for refit in (json.loads(line) for line in (run_dir / "refits.jsonl").read_text().splitlines()):
         assert list(refit["received_checksums"].values()) == [refit["checksum"]]
+        assert refit["num_readback_verified"] >= 5  # sum64 read-back checksums, summed on each side's GPU
