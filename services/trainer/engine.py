@@ -131,7 +131,11 @@ class Engine:
         every gather, one parameter at a time, and keeps only its own."""
         out = {}
         for name, t in self.model.state_dict().items():
-            full = t.full_tensor() if isinstance(t, DTensor) else t
+            full = t
+            if isinstance(t, DTensor):
+                # On one rank the shard is the whole tensor: DTensor's gather would only add host time.
+                full = t.to_local() if self.world == 1 else t.full_tensor()
+                assert full.shape == t.shape, (name, full.shape, t.shape)
             if owners.get(name) == self.rank:
                 full = full.detach().to(dtype) if dtype and full.is_floating_point() else full.detach()
                 out[name] = full if on_device else full.cpu()
