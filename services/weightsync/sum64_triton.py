@@ -63,16 +63,6 @@ def _pieces_kernel(table, num_pieces, partials, ALIGNED: tl.constexpr, BLOCK_LIN
     tl.store(partials + pid * 3 + 2, tl.sum(col_sums * (col + 1), axis=0))
 
 
-def words(t: torch.Tensor) -> torch.Tensor | None:
-    """t's bytes as int64 words, without copying; None where t is not contiguous whole aligned words."""
-    if not t.is_contiguous():
-        return None
-    b = t.reshape(-1).view(torch.uint8)
-    if b.numel() % 8 or b.data_ptr() % 8:
-        return None
-    return b.view(torch.int64)
-
-
 def _num_tiles(num_words: int) -> int:
     return triton.cdiv(triton.cdiv(num_words, LINE_WORDS), BLOCK_LINES)
 
