@@ -17,6 +17,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from services.weightsync.checksum import tensor_checksum
+
 from . import checkpoint
 from .attention import SDPA_VARLEN
 from .losses import mult_prob_error, token_logprobs, token_logprobs_and_entropy
@@ -126,9 +128,11 @@ class Engine:
             out.append((name, str(cast).removeprefix("torch."), tuple(t.shape)))
         return tuple(out)
 
-    def gather_share(self, owners: dict[str, int], on_device: bool, dtype: torch.dtype | None) -> dict[str, Tensor]:
-        """The full tensors this rank sends (owners[name] == rank), cast to dtype; every rank takes part in
-        every gather, one parameter at a time, and keeps only its own."""
+    def gather_share(
+        self, owners: dict[str, int] | None, on_device: bool, dtype: torch.dtype | None
+    ) -> dict[str, Tensor]:
+        """The full tensors this rank sends (owners[name] == rank; None: all of them, to rank 0), cast to
+        dtype; every rank takes part in every gather, one parameter at a time, and keeps only its own."""
         out = {}
         for name, t in self.model.state_dict().items():
             full = t
@@ -136,7 +140,7 @@ class Engine:
                 # On one rank the shard is the whole tensor: DTensor's gather would only add host time.
                 full = t.to_local() if self.world == 1 else t.full_tensor()
                 assert full.shape == t.shape, (name, full.shape, t.shape)
-            if owners.get(name) == self.rank:
+            if (0 if owners is None else owners.get(name)) == self.rank:
                 full = full.detach().to(dtype) if dtype and full.is_floating_point() else full.detach()
                 out[name] = full if on_device else full.cpu()
         return out
@@ -145,7 +149,7 @@ class Engine:
         """The unsharded HF state dict on rank 0, {} on the other ranks: on CPU, or with on_device left on
         this rank's device (a GPU refit then never crosses PCIe), floating tensors cast to dtype if given."""
         if on_device and self.shares_weights:
-            sd = self.gather_share(dict.fromkeys(self.model.state_dict(), 0), True, dtype)  # all of it on rank 0
+            sd = self.gather_share(None, True, dtype)
         else:
             sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             if dtype:
@@ -165,8 +169,6 @@ class Engine:
             self._save_train_state(staging / checkpoint.TRAIN_STATE)
         if self.rank != 0:
             return {}
-        from services.weightsync.manifest import tensor_checksum  # protos: not needed to train
-
         checkpoint.write_hf(sd, self.model_dir, staging)
         checkpoint.publish_dir(staging, path)
         return {name: tensor_checksum(t) for name, t in sd.items()}

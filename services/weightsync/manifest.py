@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from protos.grpo.v1 import weights_pb2
 
-from .checksum import combine, tensor_checksum  # noqa: F401  (re-exported: the trainer uses them)
+from .checksum import combine
 from .plan import Slot, TransferPlan
 
 

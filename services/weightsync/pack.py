@@ -22,10 +22,15 @@ def slot_view(buf: torch.Tensor, slot: Slot) -> torch.Tensor:
 
 
 def pack_into(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[str, torch.Tensor]) -> None:
-    """Write bucket `index` into buf: casts on copy, fused tensors as row ranges of their slot."""
-    _zero_padding(buf, plan, index)
-    for src, dst in _pieces(buf, plan, index, lookup):
-        dst.copy_(src, non_blocking=True)
+    """Write bucket `index` into buf: casts on copy, fused tensors as row ranges of their slot, the
+    padding zeroed (checksums read it)."""
+    end = 0
+    for src, dtype, offset, nbytes in _spans(plan, index, lookup):
+        if offset > end:
+            buf[end:offset].zero_()
+        _copy_at(buf, offset, nbytes, dtype, src)
+        end = offset + nbytes
+    buf[end:].zero_()
 
 
 def pack_sum64(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -41,18 +46,18 @@ def pack_sum64(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[s
     """
     kernels = cs.kernels_for(buf)
     spans = _spans(plan, index, lookup)
-    if kernels is None or any(offset % ALIGN_BYTES or nbytes % 8 for _, offset, nbytes in spans):
+    if kernels is None or any(offset % ALIGN_BYTES or nbytes % 8 for _, _, offset, nbytes in spans):
         pack_into(buf, plan, index, lookup)
         return cs.sum64(buf)
     base, rows, end = buf.data_ptr(), [], 0
-    for (src, dtype), offset, nbytes in spans:
+    for src, dtype, offset, nbytes in spans:
         if offset > end:  # padding before this piece
             rows.append((base + end, base + end, (offset - end) // 8, end // ALIGN_BYTES, kernels.ZERO))
         addr = base + offset
         if src.device == buf.device and src.dtype == dtype and src.is_contiguous() and src.data_ptr() % 8 == 0:
             rows.append((src.data_ptr(), addr, nbytes // 8, offset // ALIGN_BYTES, kernels.COPY))
         else:
-            buf[offset : offset + nbytes].view(dtype).view(src.shape).copy_(src.detach(), non_blocking=True)
+            _copy_at(buf, offset, nbytes, dtype, src)
             rows.append((addr, addr, nbytes // 8, offset // ALIGN_BYTES, kernels.SUM))
         end = offset + nbytes
     if end < buf.numel():
@@ -60,44 +65,23 @@ def pack_sum64(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[s
     return kernels.sum64_rows(rows, buf.device)
 
 
-def _spans(plan: TransferPlan, index: int, lookup) -> list[tuple[tuple[torch.Tensor, torch.dtype], int, int]]:
-    """((sender tensor, slot dtype), byte offset in the bucket, bytes) for each sender tensor, in order;
-    a fused slot's sources are consecutive row ranges of it."""
+def _spans(plan: TransferPlan, index: int, lookup) -> list[tuple[torch.Tensor, torch.dtype, int, int]]:
+    """(sender tensor, slot dtype, byte offset in the bucket, bytes) for each sender tensor of the bucket,
+    in order; a fused slot's sources are consecutive row ranges of it."""
     out = []
     for slot in plan.by_bucket[index]:
         dtype, offset = getattr(torch, slot.dtype), slot.offset
         for name in slot.sources:
             src = lookup[name]
             nbytes = src.numel() * dtype.itemsize
-            out.append(((src, dtype), offset, nbytes))
+            out.append((src, dtype, offset, nbytes))
             offset += nbytes
     return out
 
 
-def _pieces(buf, plan: TransferPlan, index: int, lookup) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(sender tensor, where it goes in buf at the slot's dtype) for every sender tensor of the bucket."""
-    out = []
-    for slot in plan.by_bucket[index]:
-        dst, row = slot_view(buf, slot), 0
-        if len(slot.sources) == 1:
-            out.append((lookup[slot.sources[0]].detach(), dst))
-            continue
-        for name in slot.sources:  # fused: row ranges of the slot, in order
-            src = lookup[name].detach()
-            out.append((src, dst[row : row + src.shape[0]]))
-            row += src.shape[0]
-    return out
-
-
-def _zero_padding(buf: torch.Tensor, plan: TransferPlan, index: int) -> None:
-    """Zero the bytes between and after the slots: checksums read them."""
-    end = 0
-    for slot in plan.by_bucket[index]:
-        if slot.offset > end:
-            buf[end : slot.offset].zero_()
-        end = slot.offset + slot.nbytes
-    if end < plan.bucket_nbytes[index]:
-        buf[end : plan.bucket_nbytes[index]].zero_()
+def _copy_at(buf: torch.Tensor, offset: int, nbytes: int, dtype: torch.dtype, src: torch.Tensor) -> None:
+    """src cast to dtype into buf's bytes [offset, offset + nbytes)."""
+    buf[offset : offset + nbytes].view(dtype).view(src.shape).copy_(src.detach(), non_blocking=True)
 
 
 def expected_tensor(slot: Slot, lookup: dict[str, torch.Tensor]) -> torch.Tensor:
