@@ -70,10 +70,20 @@ def publish(
         raise RefitError(f"version {policy_version} not applied: {'; '.join(failed + [commit.error])}")
     refit_s = time.perf_counter() - start
     verified = verify(done.results, commit.checksum, plan, dict(named), manifest.checksum_algo)
-    received = {r.endpoint_id: r.received_checksum for r in done.results}
-    applied = {r.endpoint_id: r.apply_s for r in done.results}
+    return refit_result(done, policy_version, plan, commit.checksum, refit_s, verified)
+
+
+def refit_result(done, policy_version: int, plan: TransferPlan, checksum: str, refit_s: float, verified: int):
+    """The RefitResult of a version every endpoint applied (`done`: the weightsync service's AwaitReply)."""
     return RefitResult(
-        policy_version, plan.payload_bytes, commit.checksum, reply.num_endpoints, refit_s, received, verified, applied
+        policy_version=policy_version,
+        payload_bytes=plan.payload_bytes,
+        checksum=checksum,
+        num_endpoints=len(done.results),
+        refit_s=refit_s,
+        received_checksums={r.endpoint_id: r.received_checksum for r in done.results},
+        num_readback_verified=verified,
+        apply_s={r.endpoint_id: r.apply_s for r in done.results},
     )
 
 

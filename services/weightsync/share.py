@@ -21,7 +21,7 @@ from services.common.grpcio import channel
 
 from . import checksum as cs
 from . import manifest as mf
-from .client import RefitError, RefitResult, verify
+from .client import RefitError, RefitResult, refit_result, verify
 from .pack import new_ring, packed_buckets
 from .plan import ReceiverLayout, SenderLayout, TransferPlan, bucket_senders, make_plan
 from .transport import device_of, drop_group, first_line, open_group
@@ -147,13 +147,8 @@ def publish_share(
     wrong = [e for _, e in counts if e]
     if wrong:
         raise RefitError("; ".join(wrong))
-    received = {r.endpoint_id: r.received_checksum for r in done.results}
     verified = sum(n for n, _ in counts)
-    refit_s = time.perf_counter() - start
-    applied = {r.endpoint_id: r.apply_s for r in done.results}
-    return RefitResult(
-        policy_version, plan.payload_bytes, checksum, reply.num_endpoints, refit_s, received, verified, applied
-    )
+    return refit_result(done, policy_version, plan, checksum, time.perf_counter() - start, verified)
 
 
 def _commit_and_await(
