@@ -183,6 +183,7 @@ def test_one_rank_accumulates_unsharded_and_matches_the_reference(tmp_path_facto
     for name, row in got.items():
         assert row["param_diff"] < PARAM_TOLERANCE.get(name, 1e-5), (name, row["param_diff"])
         assert row["metrics"]["loss"] == pytest.approx(row["expected"]["loss"], rel=1e-4, abs=1e-6), name
+        assert row["on_device_equal"], name  # the one-rank refit gather takes the local shard: the same values
 
 
 @pytest.mark.parametrize("name", list(AGAINST_REFERENCE))
