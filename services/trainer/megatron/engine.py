@@ -182,11 +182,8 @@ class MegatronEngine(Engine):
         return tuple((k, _dtype_name(_cast(v, dtype)), tuple(v.shape)) for k, v in self._hf_tensors(gather=False))
 
     @torch.no_grad()
-    def gather_share(
-        self, owners: dict[str, int] | None, on_device: bool, dtype: torch.dtype | None
-    ) -> dict[str, Tensor]:
-        mine = (lambda k: self.rank == 0) if owners is None else (lambda k: owners.get(k) == self.rank)
-        share = {k: _cast(v, dtype) for k, v in self._hf_tensors() if mine(k)}
+    def gather_share(self, owners: dict[str, int], on_device: bool, dtype: torch.dtype | None) -> dict[str, Tensor]:
+        share = {k: _cast(v, dtype) for k, v in self._hf_tensors() if owners.get(k) == self.rank}
         return share if on_device else {k: v.cpu() for k, v in share.items()}
 
     @torch.no_grad()
