@@ -210,7 +210,8 @@ class WeightsyncSection(_Section):
     num_buffers: int = Field(default=2, ge=1, le=4)
     """Bucket buffers in flight on the sender: packing bucket i+1 overlaps sending bucket i."""
     cast_dtype: Literal["", "bfloat16", "float16", "float32"] = ""
-    """Dtype the engine wants for floating tensors, cast on the sender (e.g. fp32 master -> bf16); "" = as held."""
+    """Dtype of floating tensors on the wire, cast on the sender (e.g. fp32 master -> bf16); "" = the dtype the
+    rollout engines registered (bf16 on GPU, fp32 on CPU). Setting it also casts in the trainer's gather."""
     fuse: list[Literal["qkv", "gate_up"]] = []
     """Projections the engine wants fused, done on the sender (vLLM takes HF names and fuses itself: keep empty)."""
     all_ranks_send: bool = True

@@ -20,6 +20,9 @@ class Sample:
 
 
 class Engine(Protocol):
+    dtype: torch.dtype
+    """Dtype of the floating weights, which refits should arrive in (registered with weightsync)."""
+
     def generate(
         self, prompts: list[list[int]], num_samples: int, sampling: queue_pb2.SamplingParams
     ) -> list[list[Sample]]: ...

@@ -14,8 +14,8 @@ class HFEngine:
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(self.device).eval()
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
         config = self.model.config
         self.eos_token_id = config.eos_token_id
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id

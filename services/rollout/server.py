@@ -33,7 +33,12 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
     address = f"{cfg.rollout.host}:{port}"
     with channel(f"{cfg.weightsync.host}:{cfg.weightsync.grpc_port}") as ch:
         weightsync_pb2_grpc.WeightSyncStub(ch).RegisterEndpoint(
-            weightsync_pb2.Endpoint(endpoint_id=f"rollout-{worker_index}", grpc_address=address), timeout=30
+            weightsync_pb2.Endpoint(
+                endpoint_id=f"rollout-{worker_index}",
+                grpc_address=address,
+                dtype=str(engine.dtype).removeprefix("torch."),
+            ),
+            timeout=30,
         )
     logging.info("worker %s serving on %s with engine %s", worker_id, address, cfg.rollout.engine)
     queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)

@@ -17,9 +17,10 @@ class VllmEngine:
         from vllm import LLM
 
         on_cpu = not torch.cuda.is_available()
+        self.dtype = torch.float32 if on_cpu else torch.bfloat16
         self.llm = LLM(
             model=model_path,
-            dtype="float32" if on_cpu else "bfloat16",
+            dtype=str(self.dtype).removeprefix("torch."),
             max_model_len=max_model_len,
             enforce_eager=on_cpu,
             seed=seed,

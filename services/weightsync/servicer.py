@@ -13,6 +13,7 @@ from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2, weightsyn
 from services.common.config import WeightsyncSection
 from services.common.grpcio import PreconditionError, channel, servicer_edge
 
+from .plan import CAST_DTYPES
 from .transport import resolve
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
         self.transport = resolve(cfg.transport)
         self._lock = threading.Condition()
         self._endpoints: dict[str, str] = {}
+        self._dtypes: dict[str, str] = {}
         self._applied: dict[str, int] = {}
         self._errors: dict[str, str] = {}
         self._refits: dict[str, _Refit] = {}
@@ -45,8 +47,11 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
     def RegisterEndpoint(self, request, context):
         if not request.endpoint_id or ":" not in request.grpc_address:
             raise ValueError(f"endpoint needs an id and a host:port address, got {request!r}")
+        if request.dtype and request.dtype not in CAST_DTYPES:
+            raise ValueError(f"endpoint dtype must be one of {CAST_DTYPES} or empty, got {request.dtype!r}")
         with self._lock:
             self._endpoints[request.endpoint_id] = request.grpc_address
+            self._dtypes[request.endpoint_id] = request.dtype
             self._applied.setdefault(request.endpoint_id, 0)
             refit = self._refits.get(self._latest)
         if refit is not None:
@@ -59,11 +64,21 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
         c = self.cfg
         return weightsync_pb2.ReceiverLayout(
             transport=self.transport,
-            cast_dtype=c.cast_dtype,
+            cast_dtype=c.cast_dtype or self._engine_dtype(),
             fuse=list(c.fuse),
             num_buffers=c.num_buffers,
             ucxx_host=c.ucxx_host,
         )
+
+    def _engine_dtype(self) -> str:
+        """The dtype every registered engine holds its weights in, so that a trainer with fp32 master
+        weights sends bf16 to bf16 engines (half the bytes, and read-back checks that compare like with
+        like); "" where none said."""
+        with self._lock:
+            said = {e: d for e, d in self._dtypes.items() if d}
+        if len(set(said.values())) > 1:
+            raise PreconditionError(f"rollout endpoints hold different dtypes {said}: set weightsync.cast_dtype")
+        return next(iter(said.values()), "")
 
     @servicer_edge
     def PublishVersion(self, request, context):
@@ -136,6 +151,7 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
                 # Nobody listens there any more: drop it so the next refit goes to the living.
                 self._endpoints.pop(endpoint, None)
                 self._applied.pop(endpoint, None)
+                self._dtypes.pop(endpoint, None)
         log.warning("endpoint %s did not apply version %d: %s", endpoint, version, self._errors.get(endpoint))
 
     @servicer_edge

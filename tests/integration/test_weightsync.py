@@ -84,6 +84,28 @@ def test_refit_is_verified_bit_for_bit(services, tiny_model, redis_url, engine):
         assert info.policy_version == 2
 
 
+def test_weights_arrive_in_the_dtype_the_engines_registered(services, tiny_model, redis_url):
+    """A trainer holding other floats than the engine (bf16 here, fp32 masters on GPU) sends in the engine's
+    dtype without being told: otherwise the engine casts on load and read-back checks compare nothing."""
+    ws, _ = _start(services, tiny_model, redis_url, "hf")
+    named = [(n, t.to(torch.bfloat16)) for n, t in _new_weights(tiny_model, seed=3)]
+    result = publish(named, 1, ws, bucket_bytes=64 * 1024, timeout_s=30)
+    assert result.payload_bytes >= sum(4 * t.numel() for _, t in named)  # fp32 on the wire, as the CPU engine holds
+    assert result.num_readback_verified == len(named)
+    with channel(ws) as ch:
+        stub = weightsync_pb2_grpc.WeightSyncStub(ch)
+        assert stub.Layout(weightsync_pb2.LayoutRequest(), timeout=5).cast_dtype == "float32"
+        with pytest.raises(grpc.RpcError) as e:
+            stub.RegisterEndpoint(weightsync_pb2.Endpoint(endpoint_id="x", grpc_address="h:1", dtype="int8"), timeout=5)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # Engines that disagree: no cast is right for all of them, so the sender is told to choose one.
+        stub.RegisterEndpoint(weightsync_pb2.Endpoint(endpoint_id="x", grpc_address="h:1", dtype="bfloat16"), timeout=5)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Layout(weightsync_pb2.LayoutRequest(), timeout=5)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "weightsync.cast_dtype" in e.value.details()
+
+
 def test_malformed_rpcs_get_invalid_argument_and_server_stays_up(services, tiny_model, redis_url):
     ws, (rollout,) = _start(services, tiny_model, redis_url, "hf")
     with channel(rollout) as ch:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.grpo.v1 import weights_pb2 as protos_dot_grpo_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/grpo/v1/weightsync.proto\x12\x07grpo.v1\x1a\x1cprotos/grpo/v1/weights.proto\"5\n\x08\x45ndpoint\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\"\'\n\rRegisterReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\"\x0f\n\rLayoutRequest\"m\n\x0eReceiverLayout\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x12\n\ncast_dtype\x18\x02 \x01(\t\x12\x0c\n\x04\x66use\x18\x03 \x03(\t\x12\x13\n\x0bnum_buffers\x18\x04 \x01(\r\x12\x11\n\tucxx_host\x18\x05 \x01(\t\"\x88\x01\n\x0ePublishRequest\x12)\n\x08manifest\x18\x01 \x01(\x0b\x32\x17.grpo.v1.WeightManifest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12#\n\x06source\x18\x03 \x01(\x0b\x32\x13.grpo.v1.DataSource\x12\x13\n\x0bnum_senders\x18\x04 \x01(\r\"^\n\x0cPublishReply\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12%\n\x05group\x18\x02 \x01(\x0b\x32\x16.grpo.v1.TransferGroup\x12\x15\n\rnum_endpoints\x18\x03 \x01(\r\"\\\n\rCommitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x18\n\x10\x62ucket_checksums\x18\x02 \x03(\t\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\r\n\x0b\x43ommitReply\"9\n\x12\x41waitCommitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"3\n\x0c\x41waitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\xf2\x01\n\x0e\x45ndpointResult\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x19\n\x11received_checksum\x18\x04 \x01(\t\x12J\n\x12readback_checksums\x18\x05 \x03(\x0b\x32..grpo.v1.EndpointResult.ReadbackChecksumsEntry\x12\x0f\n\x07\x61pply_s\x18\x06 \x01(\x01\x1a\x38\n\x16ReadbackChecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"N\n\nAwaitReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12(\n\x07results\x18\x02 \x03(\x0b\x32\x17.grpo.v1.EndpointResult\"\x0f\n\rStatusRequest\"h\n\x0e\x45ndpointStatus\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x04\x12\x12\n\nlast_error\x18\x04 \x01(\t\"Q\n\x0bStatusReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12*\n\tendpoints\x18\x02 \x03(\x0b\x32\x17.grpo.v1.EndpointStatus2\xbf\x03\n\nWeightSync\x12=\n\x10RegisterEndpoint\x12\x11.grpo.v1.Endpoint\x1a\x16.grpo.v1.RegisterReply\x12\x39\n\x06Layout\x12\x16.grpo.v1.LayoutRequest\x1a\x17.grpo.v1.ReceiverLayout\x12@\n\x0ePublishVersion\x12\x17.grpo.v1.PublishRequest\x1a\x15.grpo.v1.PublishReply\x12:\n\x0c\x41waitVersion\x12\x15.grpo.v1.AwaitRequest\x1a\x13.grpo.v1.AwaitReply\x12=\n\rCommitVersion\x12\x16.grpo.v1.CommitRequest\x1a\x14.grpo.v1.CommitReply\x12\x42\n\x0b\x41waitCommit\x12\x1b.grpo.v1.AwaitCommitRequest\x1a\x16.grpo.v1.CommitRequest\x12\x36\n\x06Status\x12\x16.grpo.v1.StatusRequest\x1a\x14.grpo.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/grpo/v1/weightsync.proto\x12\x07grpo.v1\x1a\x1cprotos/grpo/v1/weights.proto\"D\n\x08\x45ndpoint\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\"\'\n\rRegisterReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\"\x0f\n\rLayoutRequest\"m\n\x0eReceiverLayout\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x12\n\ncast_dtype\x18\x02 \x01(\t\x12\x0c\n\x04\x66use\x18\x03 \x03(\t\x12\x13\n\x0bnum_buffers\x18\x04 \x01(\r\x12\x11\n\tucxx_host\x18\x05 \x01(\t\"\x88\x01\n\x0ePublishRequest\x12)\n\x08manifest\x18\x01 \x01(\x0b\x32\x17.grpo.v1.WeightManifest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12#\n\x06source\x18\x03 \x01(\x0b\x32\x13.grpo.v1.DataSource\x12\x13\n\x0bnum_senders\x18\x04 \x01(\r\"^\n\x0cPublishReply\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12%\n\x05group\x18\x02 \x01(\x0b\x32\x16.grpo.v1.TransferGroup\x12\x15\n\rnum_endpoints\x18\x03 \x01(\r\"\\\n\rCommitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x18\n\x10\x62ucket_checksums\x18\x02 \x03(\t\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\r\n\x0b\x43ommitReply\"9\n\x12\x41waitCommitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"3\n\x0c\x41waitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\xf2\x01\n\x0e\x45ndpointResult\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x19\n\x11received_checksum\x18\x04 \x01(\t\x12J\n\x12readback_checksums\x18\x05 \x03(\x0b\x32..grpo.v1.EndpointResult.ReadbackChecksumsEntry\x12\x0f\n\x07\x61pply_s\x18\x06 \x01(\x01\x1a\x38\n\x16ReadbackChecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"N\n\nAwaitReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12(\n\x07results\x18\x02 \x03(\x0b\x32\x17.grpo.v1.EndpointResult\"\x0f\n\rStatusRequest\"h\n\x0e\x45ndpointStatus\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x04\x12\x12\n\nlast_error\x18\x04 \x01(\t\"Q\n\x0bStatusReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12*\n\tendpoints\x18\x02 \x03(\x0b\x32\x17.grpo.v1.EndpointStatus2\xbf\x03\n\nWeightSync\x12=\n\x10RegisterEndpoint\x12\x11.grpo.v1.Endpoint\x1a\x16.grpo.v1.RegisterReply\x12\x39\n\x06Layout\x12\x16.grpo.v1.LayoutRequest\x1a\x17.grpo.v1.ReceiverLayout\x12@\n\x0ePublishVersion\x12\x17.grpo.v1.PublishRequest\x1a\x15.grpo.v1.PublishReply\x12:\n\x0c\x41waitVersion\x12\x15.grpo.v1.AwaitRequest\x1a\x13.grpo.v1.AwaitReply\x12=\n\rCommitVersion\x12\x16.grpo.v1.CommitRequest\x1a\x14.grpo.v1.CommitReply\x12\x42\n\x0b\x41waitCommit\x12\x1b.grpo.v1.AwaitCommitRequest\x1a\x16.grpo.v1.CommitRequest\x12\x36\n\x06Status\x12\x16.grpo.v1.StatusRequest\x1a\x14.grpo.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,37 +35,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._loaded_options = None
   _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._serialized_options = b'8\001'
   _globals['_ENDPOINT']._serialized_start=74
-  _globals['_ENDPOINT']._serialized_end=127
-  _globals['_REGISTERREPLY']._serialized_start=129
-  _globals['_REGISTERREPLY']._serialized_end=168
-  _globals['_LAYOUTREQUEST']._serialized_start=170
-  _globals['_LAYOUTREQUEST']._serialized_end=185
-  _globals['_RECEIVERLAYOUT']._serialized_start=187
-  _globals['_RECEIVERLAYOUT']._serialized_end=296
-  _globals['_PUBLISHREQUEST']._serialized_start=299
-  _globals['_PUBLISHREQUEST']._serialized_end=435
-  _globals['_PUBLISHREPLY']._serialized_start=437
-  _globals['_PUBLISHREPLY']._serialized_end=531
-  _globals['_COMMITREQUEST']._serialized_start=533
-  _globals['_COMMITREQUEST']._serialized_end=625
-  _globals['_COMMITREPLY']._serialized_start=627
-  _globals['_COMMITREPLY']._serialized_end=640
-  _globals['_AWAITCOMMITREQUEST']._serialized_start=642
-  _globals['_AWAITCOMMITREQUEST']._serialized_end=699
-  _globals['_AWAITREQUEST']._serialized_start=701
-  _globals['_AWAITREQUEST']._serialized_end=752
-  _globals['_ENDPOINTRESULT']._serialized_start=755
-  _globals['_ENDPOINTRESULT']._serialized_end=997
-  _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._serialized_start=941
-  _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._serialized_end=997
-  _globals['_AWAITREPLY']._serialized_start=999
-  _globals['_AWAITREPLY']._serialized_end=1077
-  _globals['_STATUSREQUEST']._serialized_start=1079
-  _globals['_STATUSREQUEST']._serialized_end=1094
-  _globals['_ENDPOINTSTATUS']._serialized_start=1096
-  _globals['_ENDPOINTSTATUS']._serialized_end=1200
-  _globals['_STATUSREPLY']._serialized_start=1202
-  _globals['_STATUSREPLY']._serialized_end=1283
-  _globals['_WEIGHTSYNC']._serialized_start=1286
-  _globals['_WEIGHTSYNC']._serialized_end=1733
+  _globals['_ENDPOINT']._serialized_end=142
+  _globals['_REGISTERREPLY']._serialized_start=144
+  _globals['_REGISTERREPLY']._serialized_end=183
+  _globals['_LAYOUTREQUEST']._serialized_start=185
+  _globals['_LAYOUTREQUEST']._serialized_end=200
+  _globals['_RECEIVERLAYOUT']._serialized_start=202
+  _globals['_RECEIVERLAYOUT']._serialized_end=311
+  _globals['_PUBLISHREQUEST']._serialized_start=314
+  _globals['_PUBLISHREQUEST']._serialized_end=450
+  _globals['_PUBLISHREPLY']._serialized_start=452
+  _globals['_PUBLISHREPLY']._serialized_end=546
+  _globals['_COMMITREQUEST']._serialized_start=548
+  _globals['_COMMITREQUEST']._serialized_end=640
+  _globals['_COMMITREPLY']._serialized_start=642
+  _globals['_COMMITREPLY']._serialized_end=655
+  _globals['_AWAITCOMMITREQUEST']._serialized_start=657
+  _globals['_AWAITCOMMITREQUEST']._serialized_end=714
+  _globals['_AWAITREQUEST']._serialized_start=716
+  _globals['_AWAITREQUEST']._serialized_end=767
+  _globals['_ENDPOINTRESULT']._serialized_start=770
+  _globals['_ENDPOINTRESULT']._serialized_end=1012
+  _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._serialized_start=956
+  _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._serialized_end=1012
+  _globals['_AWAITREPLY']._serialized_start=1014
+  _globals['_AWAITREPLY']._serialized_end=1092
+  _globals['_STATUSREQUEST']._serialized_start=1094
+  _globals['_STATUSREQUEST']._serialized_end=1109
+  _globals['_ENDPOINTSTATUS']._serialized_start=1111
+  _globals['_ENDPOINTSTATUS']._serialized_end=1215
+  _globals['_STATUSREPLY']._serialized_start=1217
+  _globals['_STATUSREPLY']._serialized_end=1298
+  _globals['_WEIGHTSYNC']._serialized_start=1301
+  _globals['_WEIGHTSYNC']._serialized_end=1748
 # @@protoc_insertion_point(module_scope)

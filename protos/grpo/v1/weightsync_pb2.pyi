@@ -8,12 +8,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Endpoint(_message.Message):
-    __slots__ = ("endpoint_id", "grpc_address")
+    __slots__ = ("endpoint_id", "grpc_address", "dtype")
     ENDPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
     endpoint_id: str
     grpc_address: str
-    def __init__(self, endpoint_id: _Optional[str] = ..., grpc_address: _Optional[str] = ...) -> None: ...
+    dtype: str
+    def __init__(self, endpoint_id: _Optional[str] = ..., grpc_address: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("policy_version",)
