@@ -125,6 +125,7 @@ def run_grpo(args, num_gpus: int, work: Path) -> Path:
         'trainer.attn_implementation="sdpa_varlen"',
         'weightsync.cast_dtype="bfloat16"',
         "weightsync.timeout_s=600",
+        *([f"weightsync.bucket_bytes={args.bucket_bytes}"] if args.bucket_bytes else []),
     ]
     subprocess.run([sys.executable, "-m", "deploy.local", *overrides], cwd=ROOT, check=True, timeout=1800)
     return work / "multigpu"
@@ -184,6 +185,7 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--colocated", action="store_true", help="one GPU: trainer and engine on it, CUDA IPC refit")
+    p.add_argument("--bucket-bytes", type=int, default=0, help="weightsync.bucket_bytes; 0 = the config's default")
     p.add_argument("--work", default="/tmp/multigpu")
     p.add_argument("--out", default=None)
     args = p.parse_args()

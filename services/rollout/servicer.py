@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -14,6 +15,7 @@ from services.weightsync.receiver import receive_version
 
 from .engine import Engine
 
+log = logging.getLogger(__name__)
 
 class EngineState:
     """The engine plus what every thread of the worker reads: the applied version and a lock."""
@@ -50,15 +52,25 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         # Everything arrives and is verified against the sender's committed checksums before the
         # engine is touched: a failed transfer leaves the previous version fully in service.
         named, received = receive_version(request)
+        received_at = time.perf_counter()
         with self.state.lock:
+            locked_at = time.perf_counter()  # generation holds the lock between groups
             self.state.engine.load_weights(named)
+            loaded_at = time.perf_counter()
             self.state.policy_version = m.policy_version
             readback = readback_checksums(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo)
+        end = time.perf_counter()
+        log.info(
+            "version %d applied in %.3fs: received and verified %.3fs, waited for the engine %.3fs, "
+            "loaded %.3fs, read back %d tensors %.3fs",
+            m.policy_version, end - start, received_at - start, locked_at - received_at,
+            loaded_at - locked_at, len(readback), end - loaded_at,
+        )  # fmt: skip
         return rollout_pb2.LoadWeightsReply(
             policy_version=m.policy_version,
             received_checksum=received,
             readback_checksums=readback,
-            apply_s=time.perf_counter() - start,
+            apply_s=end - start,
         )
 
 
