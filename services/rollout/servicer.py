@@ -17,6 +17,7 @@ from .engine import Engine
 
 log = logging.getLogger(__name__)
 
+
 class EngineState:
     """The engine plus what every thread of the worker reads: the applied version and a lock."""
 
