@@ -91,19 +91,38 @@ def sum64_pieces(pieces: list[Piece]) -> torch.Tensor:
 
 def sum64_rows(rows: list[Row], device: torch.device) -> torch.Tensor:
     """sum64_pieces for pieces given by address (no tensor views to build: ~1 us of host per piece)."""
-    entries, tiles, aligned = [], 0, True
+    partials, _ = _launch(rows, device)
+    return partials.sum(0)
+
+
+def sum64_each(rows: list[Row], device: torch.device) -> torch.Tensor:
+    """int64[len(rows), 3]: each row's own sum64, in one launch for all (read-back checks of hundreds of
+    small tensors, where a launch per tensor cost more host time than the reads take)."""
+    partials, first_tiles = _launch(rows, device)
+    # A row's value is the sum of its tiles' partials: a difference of prefix sums (wrapping, exact).
+    prefix = torch.cat([partials.new_zeros(1, 3), partials.cumsum(0)])
+    bounds = torch.tensor(first_tiles, dtype=torch.int64).to(device)
+    return prefix[bounds[1:]] - prefix[bounds[:-1]]
+
+
+def _launch(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """Run the pieces kernel over rows: the partial sums of every tile, and each row's first tile (with
+    the total tile count appended)."""
+    entries, first_tiles, tiles, aligned = [], [], 0, True
     for src, dst, num_words, first_line, mode in rows:
+        first_tiles.append(tiles)
         if num_words == 0:
             continue
         aligned &= src % 16 == 0 and dst % 16 == 0 and num_words % 2 == 0
         entries.append((src, dst, num_words, first_line, tiles, mode))
         tiles += _num_tiles(num_words)
-    partials = torch.empty(max(tiles, 1), 3, dtype=torch.int64, device=device)
+    first_tiles.append(tiles)
     if tiles == 0:
-        return partials.zero_()[0]
+        return torch.zeros(1, 3, dtype=torch.int64, device=device), first_tiles
+    partials = torch.empty(tiles, 3, dtype=torch.int64, device=device)
     table = torch.tensor(entries, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
     _pieces_kernel[(tiles,)](table, len(entries), partials, ALIGNED=aligned, BLOCK_LINES=BLOCK_LINES)
-    return partials.sum(0)
+    return partials, first_tiles
 
 
 def sum64(buf: torch.Tensor) -> torch.Tensor:

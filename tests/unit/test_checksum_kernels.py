@@ -95,7 +95,34 @@ def check_pack_sum64_matches_pack_then_sum(device: torch.device) -> None:
             assert torch.equal(got, cs.sum64_reference(two_step)), (receiver, i)
 
 
-CHECKS = [check_sum64_and_copy, check_pieces_add_up_to_the_bucket, check_pack_sum64_matches_pack_then_sum]
+def check_readback_sums_in_one_launch_are_each_tensors_own(device: torch.device) -> None:
+    """Read-back checksums of many tensors in one launch: each is the torch reference of that tensor's bytes,
+    zero-padded to whole lines, as computed alone; tensors not whole words take the one-by-one path."""
+    _kernels(device)
+    g = torch.Generator().manual_seed(4)
+    named = [
+        ("one_tile", torch.randn(TILE // 4 - 3, generator=g)),  # 4 bytes short of a tile: a padded last word
+        ("bf16_rows", torch.randn(300, 40, generator=g).to(torch.bfloat16)[1:]),  # a view at an offset, two tiles
+        ("odd_bytes", torch.randn(7, generator=g).to(torch.bfloat16)),  # 14 bytes: not whole words
+        ("strided", torch.randn(40, 20, generator=g).t()),
+        ("steps", torch.arange(5)),
+        ("empty", torch.zeros(0)),
+    ]
+    named = [(n, t.to(device)) for n, t in named]
+    got = cs.readback_checksums(named, "sum64")
+    for name, t in named:
+        b = t.contiguous().reshape(-1).view(torch.uint8).cpu()
+        padded = torch.zeros(-(-b.numel() // 64) * 64, dtype=torch.uint8)
+        padded[: b.numel()] = b
+        assert got[name] == cs.sum64_hex(cs.sum64_reference(padded)), name
+
+
+CHECKS = [
+    check_sum64_and_copy,
+    check_pieces_add_up_to_the_bucket,
+    check_pack_sum64_matches_pack_then_sum,
+    check_readback_sums_in_one_launch_are_each_tensors_own,
+]
 
 
 def test_kernels_match_torch_under_the_interpreter():
