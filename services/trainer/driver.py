@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 
 from .commands import Executor, Op
 
-_POLL_S = 0.01
+_STOP_CHECK_S = 0.1
 # A follower told to stop waits this long for rank 0's SHUTDOWN before concluding rank 0 is gone;
 # longer than rank 0's gRPC grace period, shorter than torchrun's 30 s before SIGKILL.
 _FOLLOWER_GRACE_S = 10.0
@@ -32,20 +32,33 @@ class CommandChannel:
         """The next command, or None if stop was set and rank 0 sent nothing within the grace period."""
         header_2 = torch.zeros(2, dtype=torch.int64)
         work = dist.broadcast(header_2, src=0, group=self.group, async_op=True)
-        # Poll instead of wait(): a blocking wait in C++ would keep the signal handler from running.
+        # A blocking wait() in C++ on this thread would keep the signal handler from running, and polling
+        # is_completed() made every command wait for the next poll (rank 0 blocks in the payload's
+        # broadcast meanwhile: 10 ms per refit with a 10 ms poll). A helper thread waits instead and
+        # wakes this one at once.
+        arrived = threading.Event()
+        threading.Thread(target=_wait_then_set, args=(work, arrived), name="command-wait", daemon=True).start()
         deadline = None
-        while not work.is_completed():
+        while not arrived.wait(_STOP_CHECK_S):
             if stop.is_set():
                 deadline = deadline or time.monotonic() + _FOLLOWER_GRACE_S
                 if time.monotonic() > deadline:
                     return None
-            time.sleep(_POLL_S)
-        work.wait()
+        work.wait()  # raises here if the broadcast failed (rank 0 gone)
         op, num_bytes = Op(int(header_2[0])), int(header_2[1])
         payload_B = torch.empty(num_bytes, dtype=torch.uint8)
         if num_bytes:
             dist.broadcast(payload_B, src=0, group=self.group)
         return op, payload_B.numpy().tobytes()
+
+
+def _wait_then_set(work, done: threading.Event) -> None:
+    try:
+        work.wait()
+    except Exception:  # the receiving thread calls wait() again, and raises
+        pass
+    finally:
+        done.set()
 
 
 class Driver:
