@@ -68,9 +68,8 @@ def publish(
     failed = [f"{r.endpoint_id}: {r.error}" for r in done.results if not r.ok]
     if failed or commit.error:
         raise RefitError(f"version {policy_version} not applied: {'; '.join(failed + [commit.error])}")
-    refit_s = time.perf_counter() - start
     verified = verify(done.results, commit.checksum, plan, dict(named), manifest.checksum_algo)
-    return refit_result(done, policy_version, plan, commit.checksum, refit_s, verified)
+    return refit_result(done, policy_version, plan, commit.checksum, time.perf_counter() - start, verified)
 
 
 def refit_result(done, policy_version: int, plan: TransferPlan, checksum: str, refit_s: float, verified: int):
