@@ -16,6 +16,9 @@ class HFEngine:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
+        # Views of the parameters by HF name, built once: refits copy into them in place, and walking the
+        # module tree for a state dict on every refit cost milliseconds (hundreds of tensors).
+        self._weights = self.model.state_dict()
         config = self.model.config
         self.eos_token_id = config.eos_token_id
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
@@ -70,7 +73,7 @@ class HFEngine:
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Every tensor checked against the engine's first, so a bad one changes nothing, then copied in."""
-        params = self.model.state_dict()
+        params = self._weights
         for name, t in named:
             if name not in params:
                 raise ValueError(f"engine has no weight named {name!r}")
@@ -81,4 +84,4 @@ class HFEngine:
                 params[name].copy_(t)
 
     def read_weights(self) -> dict[str, torch.Tensor]:
-        return {n: t.detach() for n, t in self.model.state_dict().items()}
+        return dict(self._weights)
