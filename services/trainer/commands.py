@@ -85,7 +85,10 @@ class Executor:
             share = share_plan(engine.hf_layout(dtype), address, ws.bucket_bytes, timeout_s)
             if share is None:  # rank 0 raised: the weightsync service could not be asked
                 return None
-            named = engine.gather_share(share.owners(), on_device, dtype)
+            # Cast as the engines want it (their registered dtype by default) inside the gather: an fp32
+            # all-gather would move twice the bytes of a bf16 one.
+            wire = dtype or (getattr(torch, share.cast_dtype) if share.cast_dtype else None)
+            named = engine.gather_share(share.owners(), on_device, wire)
             gather_s = time.perf_counter() - start
             result = publish_share(list(named.items()), share, engine.policy_version, address, timeout_s)
         else:

@@ -34,6 +34,8 @@ class SharePlan:
     plan: TransferPlan
     senders: tuple[int, ...]
     transport: str
+    cast_dtype: str
+    """What floating tensors go on the wire as ("" = as held): the ranks' gathers may cast to it already."""
 
     def owners(self) -> dict[str, int]:
         """Sender rank of every source tensor: the rank that must hold it whole."""
@@ -65,7 +67,7 @@ def share_plan(
         return None
     reply = weightsync_pb2.ReceiverLayout.FromString(wanted[0])
     plan = make_plan(layout, ReceiverLayout(reply.cast_dtype, tuple(reply.fuse)), bucket_bytes)
-    return SharePlan(plan, bucket_senders(plan.bucket_nbytes, world), reply.transport)
+    return SharePlan(plan, bucket_senders(plan.bucket_nbytes, world), reply.transport, reply.cast_dtype)
 
 
 def publish_share(
