@@ -11,7 +11,7 @@ import uvicorn
 from protos.grpo.v1 import coordinator_pb2_grpc, trainer_pb2_grpc
 from services.common.config import RunConfig
 from services.common.grpcio import channel, make_server
-from services.common.lifecycle import stop_event
+from services.common.lifecycle import freeze_startup_heap, stop_event
 from services.common.queue import WorkQueue, connect
 from services.common.tasks import builtin_prompts, jsonl_prompts
 from services.common.tokenizer import Vocab
@@ -39,6 +39,7 @@ def serve(cfg: RunConfig) -> None:
     runner = Runner(GrpoLoop(cfg, queue, trainer, prompts, Vocab.from_model_dir(cfg.model.path), run_dir, state))
 
     server, port = make_server(cfg.coordinator.host, cfg.coordinator.grpc_port)
+    freeze_startup_heap()
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(runner, cfg.run.num_steps), server)
     server.start()
     http = uvicorn.Server(

@@ -9,7 +9,7 @@ import socket
 from protos.grpo.v1 import rollout_pb2_grpc, weightsync_pb2, weightsync_pb2_grpc
 from services.common.config import RunConfig
 from services.common.grpcio import channel, make_server
-from services.common.lifecycle import stop_event
+from services.common.lifecycle import freeze_startup_heap, stop_event
 from services.common.queue import WorkQueue, connect
 from services.common.tokenizer import Vocab
 
@@ -42,6 +42,7 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
         )
     logging.info("worker %s serving on %s with engine %s", worker_id, address, cfg.rollout.engine)
     queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
+    freeze_startup_heap()
     try:
         run_worker(queue, state, Vocab.from_model_dir(cfg.model.path), cfg.rollout.lease_timeout_s, stop)
     finally:

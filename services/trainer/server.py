@@ -12,7 +12,7 @@ import torch.distributed as dist
 from protos.grpo.v1 import trainer_pb2_grpc
 from services.common.config import RunConfig
 from services.common.grpcio import make_server
-from services.common.lifecycle import stop_event
+from services.common.lifecycle import freeze_startup_heap, stop_event
 
 from .build import build_engine
 from .commands import Executor
@@ -46,6 +46,7 @@ def serve(cfg: RunConfig) -> None:
     engine = build_engine(cfg, device)
     executor = Executor(engine, cfg.weightsync)
     channel = CommandChannel(dist.new_group(backend="gloo"))
+    freeze_startup_heap()
     if rank == 0:
         _lead(cfg, Driver(channel, executor), engine, stop)
     elif not follow(channel, executor, stop):
