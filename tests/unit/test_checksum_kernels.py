@@ -101,7 +101,7 @@ def check_readback_sums_in_one_launch_are_each_tensors_own(device: torch.device)
     _kernels(device)
     g = torch.Generator().manual_seed(4)
     named = [
-        ("one_tile", torch.randn(TILE // 4 - 3, generator=g)),  # 4 bytes short of a tile: a padded last word
+        ("tile", torch.randn(TILE // 4 - 2, generator=g)),  # 8 bytes short of a tile: whole words, not lines
         ("bf16_rows", torch.randn(300, 40, generator=g).to(torch.bfloat16)[1:]),  # a view at an offset, two tiles
         ("odd_bytes", torch.randn(7, generator=g).to(torch.bfloat16)),  # 14 bytes: not whole words
         ("strided", torch.randn(40, 20, generator=g).t()),
