@@ -57,8 +57,7 @@ def main() -> None:
         del engine
     result = {
         "command": " ".join(["python bench/gc_pause.py", *sys.argv[1:]]),
-        "machine": f"{platform.node()}, {platform.processor() or platform.machine()}, Python {platform.python_version()}, "
-        f"torch {torch.__version__}",
+        "machine": f"{platform.node()}, Python {platform.python_version()}, torch {torch.__version__}",
         "tracked_objects": tracked,
         "full_collection_s_before": before,
         "full_collection_s_after_freeze": after,
