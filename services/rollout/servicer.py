@@ -84,9 +84,11 @@ def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.Te
     """Checksums of the engine's tensors under the manifest's names, where the engine exposes them, in the
     family of the manifest's bucket checksums (checksum.readback_checksums).
 
-    vLLM pads the vocabulary dimension of embeddings and lm_head; the padding rows are cut off.
+    vLLM pads the vocabulary dimension of embeddings and lm_head; the padding rows are cut off. A tensor
+    the engine holds in another dtype than it arrived in cannot be compared: that is logged, since it
+    means a weightsync.cast_dtype other than the engine's.
     """
-    named = []
+    named, other_dtype = [], set()
     for s in specs:
         t = held.get(s.name)
         if t is None or t.numel() > READBACK_MAX_NUMEL:
@@ -94,6 +96,15 @@ def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.Te
         shape = tuple(s.shape)
         if tuple(t.shape) != shape and t.shape[1:] == shape[1:] and t.shape[0] >= shape[0]:
             t = t[: shape[0]]
-        if tuple(t.shape) == shape and str(t.dtype).removeprefix("torch.") == s.dtype:
+        dtype = str(t.dtype).removeprefix("torch.")
+        if tuple(t.shape) == shape and dtype == s.dtype:
             named.append((s.name, t))
+        elif tuple(t.shape) == shape:
+            other_dtype.add((s.dtype, dtype))
+    if other_dtype:
+        log.warning(
+            "%s arrived for weights held as %s: those are cast on load and not read back; leave "
+            "weightsync.cast_dtype empty (the engine's dtype) or set it to the engine's",
+            *map(sorted, zip(*other_dtype)),
+        )
     return cs.readback_checksums(named, algo)

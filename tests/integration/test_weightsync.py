@@ -106,6 +106,17 @@ def test_weights_arrive_in_the_dtype_the_engines_registered(services, tiny_model
         assert "weightsync.cast_dtype" in e.value.details()
 
 
+def test_a_cast_to_another_dtype_than_the_engines_is_loaded_and_reported(services, tiny_model, redis_url):
+    """An explicit cast_dtype the engine does not hold: the engine casts on load, so nothing can be read back
+    for comparison, and its log says why instead of verifying nothing in silence."""
+    ws, _ = _start(services, tiny_model, redis_url, "hf", extra=['weightsync.cast_dtype="bfloat16"'])
+    named = _new_weights(tiny_model, seed=4)
+    result = publish(named, 1, ws, bucket_bytes=64 * 1024, timeout_s=30)
+    assert result.num_readback_verified == 0
+    log = (services.tmp_path / "logs" / "rollout-0.log").read_text()
+    assert "['bfloat16'] arrived for weights held as ['float32']" in log
+
+
 def test_malformed_rpcs_get_invalid_argument_and_server_stays_up(services, tiny_model, redis_url):
     ws, (rollout,) = _start(services, tiny_model, redis_url, "hf")
     with channel(rollout) as ch:
