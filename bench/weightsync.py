@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.weightsync import checksum as cs  # noqa: E402
-from services.weightsync.pack import new_ring, packed_buckets, unpack  # noqa: E402
+from services.weightsync.pack import new_ring, pack_into, packed_buckets, slot_view, unpack  # noqa: E402
 from services.weightsync.plan import ReceiverLayout, make_plan  # noqa: E402
 from services.weightsync.transport import make_transport, receive_buckets  # noqa: E402
 
@@ -184,6 +184,50 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
     return seconds
 
 
+def ipc_unverified(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int) -> float:
+    """The peers' CUDA IPC refit (NeMo-RL, verl), seconds: the sender packs each bucket into the shared ring
+    and the engine copies its tensors straight out of it. Two copies, no checksum, no staging: a tensor
+    is in the engine before anyone could know the version arrived whole. The baseline for what our
+    verification costs, not a path of ours."""
+    from services.weightsync.cuda_ipc import open_shared
+
+    layout = tuple((n, "bfloat16", s) for n, s in state_shapes(shape))
+    plan = make_plan(layout, ReceiverLayout(), bucket_bytes)
+    lookup = dict(random_state(shape, peer.device)) if peer.rank == 0 else {}
+    source, ring = _source(peer, "cuda_ipc", plan, num_buffers)
+    t = peer.transport("cuda_ipc", source)
+    engine = {} if peer.rank == 0 else {s.name: torch.empty(s.shape, dtype=torch.bfloat16, device=t.device)
+                                         for s in plan.slots}  # fmt: skip
+
+    def once() -> None:
+        peer.refits += 1
+        tag = f"{shape[:12]}-{peer.phase}-{peer.refits}"
+        if peer.rank == 0:
+
+            def packed():
+                for i in range(plan.num_buckets):
+                    if i >= len(ring):
+                        t.wait_free(tag)(i - len(ring))
+                    buf = ring[i % len(ring)][: plan.bucket_nbytes[i]]
+                    pack_into(buf, plan, i, lookup)
+                    yield i, buf
+
+            t.send(packed(), tag)
+            return
+        for i in range(plan.num_buckets):
+            t.store.wait([f"{tag}/ready/{i}"], t.timeout)
+            src = open_shared(t.buffers[i % len(t.buffers)])
+            for s in plan.by_bucket[i]:
+                engine[s.name].copy_(slot_view(src, s))
+            torch.cuda.current_stream().synchronize()
+            t.store.set(f"{tag}/done/{i}/{t.rank}", b"1")
+
+    seconds = best(peer, f"unverified/{shape}/{bucket_bytes}", once, reps)
+    if engine:
+        assert all(torch.equal(engine[n], x) for n, x in random_state(shape, t.device)), "engine tensors differ"
+    return seconds
+
+
 def copy_floor(peer: Peer, nbytes: int, reps: int) -> float:
     """Seconds of one plain device copy of nbytes on the receiver's GPU: the HBM floor of CUDA IPC."""
     if peer.rank == 0:
@@ -304,6 +348,8 @@ def gpu_worker(rank: int, port: int, args, shared) -> None:
             ipc = partial(ours, peer, shape, bucket, args.num_buffers, args.reps, "cuda_ipc")
             _record(res, f"ipc_s/{shape}/{bucket}", ipc)
             _record(res, f"ipc_receive_s/{shape}/{bucket}", partial(ipc, apply=False))
+            unverified = partial(ipc_unverified, peer, shape, bucket, args.num_buffers, args.reps)
+            _record(res, f"ipc_unverified_s/{shape}/{bucket}", unverified)
 
 
 def ckpt_worker(rank: int, port: int, args, shared) -> None:
@@ -438,12 +484,14 @@ def _ipc_headline(row: dict) -> dict:
     bucket = min(ipc, key=ipc.get) if ipc else None
     gb, copy_s = row.get("bytes", 0) / GB, row.get("copy_s")
     receive_s = row.get(f"ipc_receive_s/{bucket}")
+    unverified_s = min((v for k, v in row.items() if k.startswith("ipc_unverified_s/")), default=None)
     return {
         "ipc_ms_per_GB": ipc[bucket] * 1e3 / gb if bucket else None,
         "ipc_bucket_bytes": int(bucket) if bucket else None,
         "ipc_receive_ms_per_GB": receive_s * 1e3 / gb if receive_s else None,
         "copy_ms_per_GB": copy_s * 1e3 / gb if copy_s else None,
         "ipc_over_copy": ipc[bucket] / copy_s if bucket and copy_s else None,
+        "ipc_unverified_ms_per_GB": unverified_s * 1e3 / gb if unverified_s else None,
     }
 
 
