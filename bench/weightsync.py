@@ -150,15 +150,9 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
     it into the engine's tensors the way an engine's load_weights gets it (views of the received buckets).
     apply=False stops after the verification (what an engine that adopted the buffers would pay)."""
     backend = backend or peer.backend
-    layout = tuple((n, "bfloat16", s) for n, s in state_shapes(shape))
-    plan = make_plan(layout, ReceiverLayout(), bucket_bytes)
-    lookup = dict(random_state(shape, peer.device)) if peer.rank == 0 else {}
-    source, ring = _source(peer, backend, plan, num_buffers)
-    t = peer.transport(backend, source)
+    plan, lookup, ring, t, engine = _refit_setup(peer, shape, bucket_bytes, num_buffers, backend)
     algo = cs.algo_for(t.device)
     ring = ring or (new_ring(plan, t.device, num_buffers) if peer.rank == 0 else None)
-    engine = {} if peer.rank == 0 else {s.name: torch.empty(s.shape, dtype=torch.bfloat16, device=t.device)
-                                         for s in plan.slots}  # fmt: skip
 
     def once() -> None:
         # Counted on each side, not sent: a "tag" key re-set per refit let the receiver read the previous
@@ -179,9 +173,28 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
                 engine[name].copy_(view)
 
     seconds = best(peer, f"ours/{backend}/{shape}/{bucket_bytes}/{apply}", once, reps)
-    if engine and apply:  # the engine holds what the trainer sent (the same seeded draw)
-        assert all(torch.equal(engine[n], x) for n, x in random_state(shape, t.device)), "engine tensors differ"
+    if apply:
+        _check_engine(engine, shape, t.device)
     return seconds
+
+
+def _refit_setup(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, backend: str):
+    """Both sides of a refit: the plan, the trainer's tensors (rank 0), the sender's shared ring if the
+    transport has one, the transport, and the engine's tensors (rank 1)."""
+    layout = tuple((n, "bfloat16", s) for n, s in state_shapes(shape))
+    plan = make_plan(layout, ReceiverLayout(), bucket_bytes)
+    lookup = dict(random_state(shape, peer.device)) if peer.rank == 0 else {}
+    source, ring = _source(peer, backend, plan, num_buffers)
+    t = peer.transport(backend, source)
+    engine = {} if peer.rank == 0 else {s.name: torch.empty(s.shape, dtype=torch.bfloat16, device=t.device)
+                                         for s in plan.slots}  # fmt: skip
+    return plan, lookup, ring, t, engine
+
+
+def _check_engine(engine: dict[str, torch.Tensor], shape: str, device: torch.device) -> None:
+    """The receiver's engine holds what the trainer sent (the same seeded draw); nothing to check on the sender."""
+    if engine:
+        assert all(torch.equal(engine[n], x) for n, x in random_state(shape, device)), "engine tensors differ"
 
 
 def ipc_unverified(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int) -> float:
@@ -191,13 +204,7 @@ def ipc_unverified(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, 
     verification costs, not a path of ours."""
     from services.weightsync.cuda_ipc import open_shared
 
-    layout = tuple((n, "bfloat16", s) for n, s in state_shapes(shape))
-    plan = make_plan(layout, ReceiverLayout(), bucket_bytes)
-    lookup = dict(random_state(shape, peer.device)) if peer.rank == 0 else {}
-    source, ring = _source(peer, "cuda_ipc", plan, num_buffers)
-    t = peer.transport("cuda_ipc", source)
-    engine = {} if peer.rank == 0 else {s.name: torch.empty(s.shape, dtype=torch.bfloat16, device=t.device)
-                                         for s in plan.slots}  # fmt: skip
+    plan, lookup, ring, t, engine = _refit_setup(peer, shape, bucket_bytes, num_buffers, "cuda_ipc")
 
     def once() -> None:
         peer.refits += 1
@@ -223,8 +230,7 @@ def ipc_unverified(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, 
             t.store.set(f"{tag}/done/{i}/{t.rank}", b"1")
 
     seconds = best(peer, f"unverified/{shape}/{bucket_bytes}", once, reps)
-    if engine:
-        assert all(torch.equal(engine[n], x) for n, x in random_state(shape, t.device)), "engine tensors differ"
+    _check_engine(engine, shape, t.device)
     return seconds
 
 
