@@ -202,8 +202,8 @@ class WeightsyncSection(_Section):
     """TCPStore port for transfer-group rendezvous; 0 = a free port chosen at launch."""
     bucket_bytes: int = Field(default=256 * 2**20, ge=2**10)
     """Bytes per transfer bucket. Each bucket costs a hand-off (~0.6 ms over CUDA IPC on an H200): a
-    colocated 1.3B refit received in 31-34 ms with 64 MiB buckets, 13-15 ms with 256 MiB, 9-11 ms with 1 GiB;
-    the sender's ring holds num_buffers of them."""
+    colocated 1.3B refit received in 31-34 ms with 64 MiB buckets, 13-15 ms with 256 MiB, 9-11 ms with 1 GiB
+    (`bench/multigpu.py --colocated --bucket-bytes`, bench/README.md); the sender's ring holds num_buffers."""
     timeout_s: float = Field(default=120.0, gt=0)
     """Deadline of one refit, rendezvous included."""
     transport: Literal["auto", "gloo", "nccl", "cuda_ipc", "ucxx"] = "auto"

@@ -22,10 +22,10 @@ def freeze_startup_heap() -> None:
     """Take every object alive once a service has started (modules, model, engine) out of the garbage
     collector's scans, as vLLM's engine core does.
 
-    A rollout worker tracks ~390k objects after startup; each full collection scanned them all: 0.21 s on
-    the CPU machine, 0.08-0.29 s on the H200 machine's rollout worker, several per step, one of them
-    inside a refit (0.25 s of a 0.27 s LoadWeights). Frozen objects are still freed by reference counting;
-    only cycles among them live until exit, when they are unfrozen for the last collection.
+    A rollout worker tracks ~400k objects after startup and each full collection scanned them all: 0.20 s
+    on the CPU machine (`python bench/gc_pause.py`), and on the H200 machine pauses of that size came
+    several per step, one inside a refit (bench/README.md). Frozen objects are still freed by reference
+    counting; only cycles among them live until exit, when they are unfrozen for the last collection.
     """
     gc.collect()
     gc.freeze()

@@ -96,10 +96,12 @@ def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.Te
         shape = tuple(s.shape)
         if tuple(t.shape) != shape and t.shape[1:] == shape[1:] and t.shape[0] >= shape[0]:
             t = t[: shape[0]]
+        if tuple(t.shape) != shape:
+            continue
         dtype = str(t.dtype).removeprefix("torch.")
-        if tuple(t.shape) == shape and dtype == s.dtype:
+        if dtype == s.dtype:
             named.append((s.name, t))
-        elif tuple(t.shape) == shape:
+        else:
             other_dtype.add((s.dtype, dtype))
     if other_dtype:
         log.warning(
