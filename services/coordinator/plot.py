@@ -13,10 +13,18 @@ def plot_run(rows: list[dict[str, float]], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    evals = [r for r in rows if "eval/accuracy" in r]
+    rows = [r for r in rows if "timing/total_s" in r]  # the step-0 row holds only held-out metrics
     steps = [r["step"] for r in rows]
     fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_r.plot(steps, [r["reward/mean"] for r in rows], marker="o")
-    ax_r.set(xlabel="step", ylabel="batch mean reward", title="reward", ylim=(0, 1.05))
+    ax_r.plot(steps, [r["reward/mean"] for r in rows], marker="o", label="batch mean reward")
+    if evals:
+        ax_r.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], marker="s", label="eval/accuracy")
+        if any("eval/pass@k" in r for r in evals):
+            at = [r for r in evals if "eval/pass@k" in r]
+            ax_r.plot([r["step"] for r in at], [r["eval/pass@k"] for r in at], marker="^", label="eval/pass@k")
+    ax_r.set(xlabel="step", ylabel="reward / accuracy", title="reward and held-out accuracy", ylim=(0, 1.05))
+    ax_r.legend(fontsize=8)
     bottom = [0.0] * len(rows)
     for key in PHASES:
         vals = [r[key] for r in rows]

@@ -39,10 +39,18 @@ class Runner:
         s = self.state
         final = coordinator_pb2.RUN_STATE_DONE
         try:
+            if s.step == 0 and not s.stop.is_set():
+                initial = self.loop.evaluate_initial()
+                if initial:
+                    with s.lock:
+                        s.last_eval, s.last_samples = initial, self.loop.samples.latest
             while s.step < s.num_steps and not s.stop.is_set():
                 m = self.loop.step(s.step + 1)
                 with s.lock:
                     s.step, s.policy_version, s.last_metrics = int(m["step"]), int(m["policy_version"]), m
+                    s.last_samples = self.loop.samples.latest
+                    if "eval/accuracy" in m:
+                        s.last_eval = {k: v for k, v in m.items() if k.startswith("eval/") or k == "step"}
             if s.stop.is_set() and s.step < s.num_steps:
                 final = coordinator_pb2.RUN_STATE_STOPPED
         except Exception as e:  # the run fails; the services stay up and the status says why

@@ -13,9 +13,9 @@ from services.common.config import RunConfig
 from services.common.grpcio import channel, make_server
 from services.common.lifecycle import freeze_startup_heap, stop_event
 from services.common.queue import WorkQueue, connect
-from services.common.tasks import builtin_prompts, jsonl_prompts
-from services.common.tokenizer import Vocab
+from services.common.tasks import load_task
 
+from .feed import PromptFeed
 from .loop import GrpoLoop
 from .runner import Runner
 from .servicer import CoordinatorServicer
@@ -30,13 +30,10 @@ def serve(cfg: RunConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
     queue.ensure_group()
-    if cfg.task.name == "jsonl":
-        prompts = jsonl_prompts(cfg.task.prompts_path, cfg.run.seed)
-    else:
-        prompts = builtin_prompts(cfg.run.seed, cfg.task.prompt_len)
+    feed = PromptFeed(cfg, None if cfg.task.name == "class_continuation" else load_task(cfg.task))
     trainer = trainer_pb2_grpc.TrainerStub(channel(f"{cfg.trainer.host}:{cfg.trainer.grpc_port}"))
     state = RunState(run_id=cfg.run.run_id, num_steps=cfg.run.num_steps)
-    runner = Runner(GrpoLoop(cfg, queue, trainer, prompts, Vocab.from_model_dir(cfg.model.path), run_dir, state))
+    runner = Runner(GrpoLoop(cfg, queue, trainer, feed, run_dir, state))
 
     server, port = make_server(cfg.coordinator.host, cfg.coordinator.grpc_port)
     freeze_startup_heap()

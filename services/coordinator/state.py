@@ -16,6 +16,10 @@ class RunState:
     step: int = 0
     policy_version: int = 0
     last_metrics: dict[str, float] = field(default_factory=dict)
+    last_eval: dict[str, float] = field(default_factory=dict)
+    """The latest held-out metrics (eval/*) and the step they were measured at."""
+    last_samples: list[dict] = field(default_factory=list)
+    """The latest step's (or evaluation's) sample completions, as in samples.jsonl."""
     error: str = ""
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -41,5 +45,7 @@ class RunState:
                 "num_steps": self.num_steps,
                 "policy_version": self.policy_version,
                 "last_metrics": dict(self.last_metrics),
+                "last_eval": dict(self.last_eval),
+                "samples": list(self.last_samples),
                 "error": self.error,
             }

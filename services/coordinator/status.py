@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 from fastapi import FastAPI, Response
@@ -11,18 +12,19 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.common.queue import WorkQueue
 
-from .metrics import STEP_KEYS
+from .metrics import EVAL_KEYS, STEP_KEYS
 from .state import RunState
 
 
 def prometheus_name(key: str) -> str:
-    return "grpo_" + key.replace("/", "_")
+    return "grpo_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)  # eval/pass@k -> grpo_eval_pass_k
 
 
 def make_app(state: RunState, queue: WorkQueue) -> FastAPI:
     app = FastAPI(title="GRPO coordinator")
     registry = CollectorRegistry()
     gauges = {k: Gauge(prometheus_name(k), f"last step's {k}", registry=registry) for k in STEP_KEYS}
+    gauges |= {k: Gauge(prometheus_name(k), f"latest evaluation's {k}", registry=registry) for k in EVAL_KEYS}
     depth = Gauge("grpo_queue_depth", "entries per Redis stream", ["stream"], registry=registry)
 
     @app.get("/healthz")
@@ -41,7 +43,8 @@ def make_app(state: RunState, queue: WorkQueue) -> FastAPI:
 
     @app.get("/metrics")
     def metrics() -> Response:
-        last = state.to_json()["last_metrics"]
+        status = state.to_json()
+        last = {**status["last_metrics"], **status["last_eval"]}
         for k, g in gauges.items():
             if k in last:
                 g.set(last[k])

@@ -15,17 +15,25 @@ from services.common.config import RolloutSection
 class Sample:
     token_ids: list[int]
     logprobs: list[float]
-    """Logprob of each sampled token under the unscaled policy (temperature 1)."""
+    """Logprob of each sampled token under the distribution it was sampled from (logits / temperature)."""
     finish_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One prompt and how to sample it; a generate call takes many, each with its own parameters."""
+
+    prompt_ids: list[int]
+    num_samples: int
+    sampling: queue_pb2.SamplingParams
 
 
 class Engine(Protocol):
     dtype: torch.dtype
     """Dtype of the floating weights, which refits should arrive in (registered with weightsync)."""
 
-    def generate(
-        self, prompts: list[list[int]], num_samples: int, sampling: queue_pb2.SamplingParams
-    ) -> list[list[Sample]]: ...
+    def generate(self, requests: list[Request]) -> list[list[Sample]]:
+        """The samples of each request, in order; temperature 0 is greedy."""
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Replace the weights in place (HF names); the engine keeps running."""
@@ -38,7 +46,7 @@ def make_engine(cfg: RolloutSection, model_path: str, seed: int) -> Engine:
     if cfg.engine == "vllm":
         from .vllm_engine import VllmEngine
 
-        return VllmEngine(model_path, seed=seed, max_model_len=cfg.max_model_len)
+        return VllmEngine(model_path, seed=seed, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs)
     if cfg.engine == "hf":
         from .hf_engine import HFEngine
 

@@ -6,7 +6,7 @@ import torch
 
 from protos.grpo.v1 import queue_pb2
 
-from .engine import Sample
+from .engine import Request, Sample
 
 
 class HFEngine:
@@ -24,19 +24,21 @@ class HFEngine:
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
         torch.manual_seed(seed)
 
+    def generate(self, requests: list[Request]) -> list[list[Sample]]:
+        return [self._generate_one(list(r.prompt_ids), r.num_samples, r.sampling) for r in requests]
+
     @torch.no_grad()
-    def generate(
-        self, prompts: list[list[int]], num_samples: int, sampling: queue_pb2.SamplingParams
-    ) -> list[list[Sample]]:
+    def _generate_one(self, prompt: list[int], num_samples: int, sampling: queue_pb2.SamplingParams) -> list[Sample]:
         from transformers import GenerationConfig
 
         if sampling.seed:
             torch.manual_seed(sampling.seed)
-        ids, mask = self._left_pad([p for p in prompts for _ in range(num_samples)])
+        ids, mask = self._left_pad([prompt] * num_samples)
+        greedy = sampling.temperature == 0
         config = GenerationConfig(
-            do_sample=True,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
             top_k=0,  # like vLLM's default: no top-k cut
             max_new_tokens=sampling.max_tokens,
             # With ignore_eos there is no stop token; EOS may still be sampled, as in vLLM.
@@ -51,10 +53,11 @@ class HFEngine:
             return_dict_in_generate=True,
         )
         tokens_BT = out.sequences[:, ids.shape[1] :]
-        # Raw (unscaled) logprobs of the sampled tokens, the quantity vLLM reports by default.
-        logp_BT = torch.stack(out.logits, 1).float().log_softmax(-1).gather(-1, tokens_BT[..., None])[..., 0]
-        samples = [self._sample(t.tolist(), lp.tolist(), sampling.ignore_eos) for t, lp in zip(tokens_BT, logp_BT)]
-        return [samples[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
+        # Logprobs of the sampled tokens under logits / temperature, the distribution sampled from (as vLLM's
+        # processed_logprobs; top_p < 1 is refused by the config, so no nucleus renormalisation is involved).
+        logits_BTV = torch.stack(out.logits, 1).float() / (sampling.temperature or 1.0)
+        logp_BT = logits_BTV.log_softmax(-1).gather(-1, tokens_BT[..., None])[..., 0]
+        return [self._sample(t.tolist(), lp.tolist(), sampling.ignore_eos) for t, lp in zip(tokens_BT, logp_BT)]
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(p) for p in prompts)

@@ -11,10 +11,11 @@ from services.common.config import RunConfig
 from services.common.grpcio import channel, make_server
 from services.common.lifecycle import freeze_startup_heap, stop_event
 from services.common.queue import WorkQueue, connect
+from services.common.rewards import RewardRunner
 from services.common.tokenizer import Vocab
 
 from .servicer import EngineState, RolloutServicer
-from .worker import run_worker
+from .worker import WorkerLimits, run_worker
 
 
 def serve(cfg: RunConfig, worker_index: int) -> None:
@@ -43,7 +44,10 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
     logging.info("worker %s serving on %s with engine %s", worker_id, address, cfg.rollout.engine)
     queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
     freeze_startup_heap()
+    rewards = RewardRunner(cfg.task.reward_weights(), cfg.task.reward_timeout_s)
+    limits = WorkerLimits(cfg.rollout.max_num_seqs, cfg.rollout.max_model_len, cfg.rollout.lease_timeout_s)
     try:
-        run_worker(queue, state, Vocab.from_model_dir(cfg.model.path), cfg.rollout.lease_timeout_s, stop)
+        run_worker(queue, state, Vocab.from_model_dir(cfg.model.path), rewards, limits, stop)
     finally:
+        rewards.close()
         server.stop(1).wait()

@@ -6,13 +6,11 @@ import os
 
 import torch
 
-from protos.grpo.v1 import queue_pb2
-
-from .engine import Sample
+from .engine import Request, Sample
 
 
 class VllmEngine:
-    def __init__(self, model_path: str, seed: int, max_model_len: int):
+    def __init__(self, model_path: str, seed: int, max_model_len: int, max_num_seqs: int):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM
 
@@ -24,25 +22,30 @@ class VllmEngine:
             max_model_len=max_model_len,
             enforce_eager=on_cpu,
             seed=seed,
+            max_num_seqs=max_num_seqs,
+            # Logprobs of the distribution sampled from (after temperature), the one the trainer scores.
+            logprobs_mode="processed_logprobs",
             worker_extension_cls="services.rollout.vllm_ext.WeightLoaderExtension",
         )
 
-    def generate(
-        self, prompts: list[list[int]], num_samples: int, sampling: queue_pb2.SamplingParams
-    ) -> list[list[Sample]]:
+    def generate(self, requests: list[Request]) -> list[list[Sample]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(
-            n=num_samples,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
-            ignore_eos=sampling.ignore_eos,
-            seed=sampling.seed or None,
-            logprobs=0,  # the sampled token's raw logprob only
-        )
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        params = [
+            SamplingParams(
+                n=r.num_samples,
+                temperature=r.sampling.temperature,
+                top_p=r.sampling.top_p,
+                max_tokens=r.sampling.max_tokens,
+                ignore_eos=r.sampling.ignore_eos,
+                seed=r.sampling.seed or None,
+                logprobs=0,  # the sampled token's logprob only
+            )
+            for r in requests
+        ]
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
         return [
             [
                 Sample(

@@ -1,27 +1,91 @@
-"""The rollout loop: claim prompt work, generate the group, score it, publish it, then ack."""
+"""The rollout loop: claim prompt work, generate every claimed group in one engine call, score, publish, ack."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from protos.grpo.v1 import queue_pb2
 from services.common.queue import WorkQueue
-from services.common.tasks import reward_fn
+from services.common.rewards import RewardInput, RewardRunner
 from services.common.tokenizer import Vocab
 
+from .engine import Request, Sample
 from .servicer import EngineState
 
 log = logging.getLogger(__name__)
 
 
-def score_group(work: queue_pb2.PromptWork, state: EngineState, vocab: Vocab) -> queue_pb2.TrajectoryGroup:
-    start = time.perf_counter()
+@dataclass(frozen=True, slots=True)
+class WorkerLimits:
+    max_num_seqs: int
+    """Sequences (prompts x samples) handed to the engine together."""
+    max_model_len: int
+    """Prompt plus generated tokens the engine can hold."""
+    lease_timeout_s: float
+
+
+def trajectory_id(work: queue_pb2.PromptWork, sample_index: int) -> str:
+    """Deterministic, so a re-leased item that comes back twice dedups; held-out items live apart."""
+    step = f"eval{work.step}" if work.eval else str(work.step)
+    return f"{work.run_id}/{step}/{work.prompt_index}/{sample_index}"
+
+
+def check_work(work: queue_pb2.PromptWork, limits: WorkerLimits) -> str:
+    """Why the engine cannot take this item ('' if it can), so one bad item never reaches, or kills, the engine."""
+    if not work.prompt_ids:
+        return "prompt has no tokens"
+    if work.num_samples < 1:
+        return "num_samples must be >= 1"
+    total = len(work.prompt_ids) + work.sampling.max_tokens
+    if total > limits.max_model_len:
+        return (
+            f"prompt is {len(work.prompt_ids)} tokens; with max_tokens {work.sampling.max_tokens} that is {total} > "
+            f"rollout.max_model_len {limits.max_model_len}"
+        )
+    try:
+        metadata = json.loads(work.task.metadata_json or "{}")
+    except json.JSONDecodeError as e:
+        return f"task.metadata_json is not JSON: {e}"
+    return "" if isinstance(metadata, dict) else "task.metadata_json is not a JSON object"
+
+
+def generate(state: EngineState, works: list[queue_pb2.PromptWork]) -> tuple[list[list[Sample] | str], int]:
+    """Samples of each item (or why the engine refused it) and the policy version that made them."""
+    requests = [Request(list(w.prompt_ids), w.num_samples, w.sampling) for w in works]
     with state.lock:
-        samples = state.engine.generate([list(work.prompt_ids)], work.num_samples, work.sampling)[0]
         version = state.policy_version
-    reward = reward_fn(work.task.name)
+        try:
+            return state.engine.generate(requests), version
+        except Exception as batch_error:  # one bad request fails the whole call: find it, keep the others
+            if len(requests) == 1:
+                return [f"engine refused the prompt: {type(batch_error).__name__}: {batch_error}"], version
+        out: list[list[Sample] | str] = []
+        for r in requests:
+            try:
+                out.append(state.engine.generate([r])[0])
+            except Exception as e:
+                out.append(f"engine refused the prompt: {type(e).__name__}: {e}")
+        return out, version
+
+
+def build_group(
+    work: queue_pb2.PromptWork, samples: list[Sample], version: int, state: EngineState, vocab: Vocab, rewards
+) -> queue_pb2.TrajectoryGroup:
+    metadata = json.loads(work.task.metadata_json or "{}")
+    texts = [vocab.decode(s.token_ids) for s in samples]
+    inputs = [
+        RewardInput(
+            work.task.prompt,
+            text,
+            work.task.answer,
+            {**metadata, "finish_reason": s.finish_reason, "num_tokens": len(s.token_ids)},
+        )
+        for s, text in zip(samples, texts)
+    ]
     group = queue_pb2.TrajectoryGroup(
         run_id=work.run_id,
         step=work.step,
@@ -29,23 +93,72 @@ def score_group(work: queue_pb2.PromptWork, state: EngineState, vocab: Vocab) ->
         prompt_ids=work.prompt_ids,
         policy_version=version,
         worker_id=state.worker_id,
+        eval=work.eval,
     )
-    for i, s in enumerate(samples):
+    for i, (s, text, scored) in enumerate(zip(samples, texts, rewards.score(inputs))):
         group.trajectories.append(
             queue_pb2.Trajectory(
-                trajectory_id=f"{work.run_id}/{work.step}/{work.prompt_index}/{i}",
+                trajectory_id=trajectory_id(work, i),
                 response_ids=s.token_ids,
                 logprobs=s.logprobs,
-                reward=reward(vocab.pieces(s.token_ids), work.task.answer),
+                reward=scored.total,
                 finish_reason=s.finish_reason,
+                text=text,
+                reward_components=scored.components,
+                reward_errors=scored.errors,
             )
         )
-    group.generation_s = time.perf_counter() - start
     return group
 
 
+def rejected(work: queue_pb2.PromptWork, state: EngineState, why: str) -> queue_pb2.TrajectoryGroup:
+    log.error("work item (step %d prompt %d) rejected: %s", work.step, work.prompt_index, why)
+    return queue_pb2.TrajectoryGroup(
+        run_id=work.run_id,
+        step=work.step,
+        prompt_index=work.prompt_index,
+        worker_id=state.worker_id,
+        eval=work.eval,
+        error=why,
+    )
+
+
+def process(
+    claimed: list[tuple[str, queue_pb2.PromptWork]],
+    state: EngineState,
+    vocab: Vocab,
+    rewards: RewardRunner,
+    limits: WorkerLimits,
+) -> list[tuple[str, queue_pb2.TrajectoryGroup]]:
+    start = time.perf_counter()
+    done: list[tuple[str, queue_pb2.TrajectoryGroup]] = []
+    ok: list[tuple[str, queue_pb2.PromptWork]] = []
+    for entry_id, work in claimed:
+        why = check_work(work, limits)
+        if why:
+            done.append((entry_id, rejected(work, state, why)))
+        else:
+            ok.append((entry_id, work))
+    if ok:
+        outs, version = generate(state, [w for _, w in ok])
+        generation_s = time.perf_counter() - start
+        for (entry_id, work), out in zip(ok, outs):
+            if isinstance(out, str):
+                done.append((entry_id, rejected(work, state, out)))
+                continue
+            group = build_group(work, out, version, state, vocab, rewards)
+            group.generation_s = generation_s
+            done.append((entry_id, group))
+    return done
+
+
 def run_worker(
-    queue: WorkQueue, state: EngineState, vocab: Vocab, lease_timeout_s: float, stop: threading.Event
+    queue: WorkQueue,
+    state: EngineState,
+    vocab: Vocab,
+    rewards: RewardRunner,
+    limits: WorkerLimits,
+    stop: threading.Event,
 ) -> None:
     queue.ensure_group()
     last_beat = 0.0
@@ -53,17 +166,10 @@ def run_worker(
         if time.monotonic() - last_beat > 1.0:
             queue.heartbeat(state.worker_id, policy_version=state.policy_version, groups_done=state.num_groups_done)
             last_beat = time.monotonic()
-        claimed = queue.claim(state.worker_id, block_ms=500, lease_timeout_s=lease_timeout_s)
-        if claimed is None:
-            continue
-        entry_id, work = claimed
-        try:
-            group = score_group(work, state, vocab)
-        except ValueError as e:
-            # A bad item (unknown reward, ids the engine rejects) is reported and acked, not retried forever.
-            log.error("work item %s (step %d prompt %d) rejected: %s", entry_id, work.step, work.prompt_index, e)
-            group = queue_pb2.TrajectoryGroup(
-                run_id=work.run_id, step=work.step, prompt_index=work.prompt_index, worker_id=state.worker_id
-            )
-        queue.complete(entry_id, group)
-        state.num_groups_done += 1
+        claimed = queue.claim_batch(
+            state.worker_id, max_sequences=limits.max_num_seqs, block_ms=500, lease_timeout_s=limits.lease_timeout_s
+        )
+        # Each group goes to Redis, then its prompt is acked: a crash before the ack re-leases the prompt.
+        for entry_id, group in process(claimed, state, vocab, rewards, limits):
+            queue.complete(entry_id, group)
+            state.num_groups_done += 1

@@ -3,6 +3,7 @@ plus the sharded training state (torch distributed checkpoint) that resumes a ru
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -35,13 +36,56 @@ def publish_dir(staging: Path, path: Path) -> None:
     staging.rename(path)
 
 
+EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+"""The input embedding and output head of the HF decoder families the trainer shards (model.model.layers)."""
+
+
 def write_hf(state_dict: dict[str, Tensor], source_dir: Path, folder: Path) -> None:
+    """Write state_dict as safetensors into folder (the caller's staging folder), plus every other file of
+    source_dir (config, generation config, tokenizer, chat template)."""
     from huggingface_hub import save_torch_state_dict
 
-    save_torch_state_dict(state_dict, folder)
+    save_torch_state_dict(export_tensors(state_dict, tied_embeddings(source_dir, state_dict)), folder)
     for f in source_dir.iterdir():
         if f.is_file() and not f.name.endswith(_WEIGHT_SUFFIXES):
             shutil.copy2(f, folder / f.name)
+
+
+def tied_embeddings(source_dir: Path, state_dict: dict[str, Tensor]) -> bool:
+    """config.json's tie_word_embeddings; where it is absent, whether the head shares the embedding's storage."""
+    config = json.loads((source_dir / "config.json").read_text())
+    if "tie_word_embeddings" in config:
+        return bool(config["tie_word_embeddings"])
+    embed, head = state_dict.get(EMBED), state_dict.get(LM_HEAD)
+    return embed is not None and head is not None and _storage(embed) == _storage(head)
+
+
+def export_tensors(state_dict: dict[str, Tensor], tied: bool) -> dict[str, Tensor]:
+    """The tensors to write: a tied model's embedding under both names, and no two names sharing storage.
+
+    huggingface_hub's writer keeps one name of tensors that share storage (for a tied model, lm_head only):
+    transformers loads that, but vLLM skips lm_head of a tied model and leaves its embedding unset, then
+    generates garbage without an error (token 0 forever for SmolLM2). vLLM's in-place reload from a path
+    needs lm_head.weight in turn, or it keeps its stale head. So every name gets its own copy."""
+    out = dict(state_dict)
+    if tied and (weight := out.get(EMBED, out.get(LM_HEAD))) is not None:
+        out[EMBED] = out[LM_HEAD] = weight
+    return _unshared(out)
+
+
+def _unshared(state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A clone of every tensor whose storage an earlier name already holds (safetensors refuses shared storage)."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in state_dict.items():
+        key = _storage(t)
+        out[name] = t.clone() if key in seen else t
+        seen.add(key)
+    return out
+
+
+def _storage(t: Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 def _rng_states(rank: int) -> dict[str, Tensor]:

@@ -54,12 +54,14 @@ class Executor:
 
     def train(self, request: trainer_pb2.TrainRequest) -> trainer_pb2.TrainReply:
         seqs = request.sequences
+        self.engine.temperature = request.temperature or 1.0
         metrics = self.engine.train(
             to_seqs(seqs), [s.advantage for s in seqs], [list(s.rollout_logprobs) for s in seqs]
         )
         return trainer_pb2.TrainReply(policy_version=self.engine.policy_version, metrics=metrics)
 
     def logprobs(self, request: trainer_pb2.LogprobsRequest) -> trainer_pb2.LogprobsReply:
+        self.engine.temperature = request.temperature or 1.0
         values = self.engine.logprobs(to_seqs(request.sequences))
         return trainer_pb2.LogprobsReply(
             policy_version=self.engine.policy_version,

@@ -59,6 +59,8 @@ class Engine:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.vocab_size: int = model.config.vocab_size
         self.policy_version = 0
+        self.temperature = 1.0
+        """Of the batch being scored: logprobs are of softmax(logits / temperature), the sampling distribution."""
 
     def logprobs(self, seqs: list[Seq]) -> list[Tensor]:
         """Current-policy logprob of every response token, one CPU tensor per sequence, on every rank."""
@@ -227,10 +229,13 @@ class Engine:
         packed = self._packed_attention_kwargs(mb)
         if self.cfg.logprob_chunk_tokens and not with_entropy:
             chunk = self.cfg.logprob_chunk_tokens
-            return model.packed_logprobs(ids_1T, pos_1T, logit_index_R, targets_R, chunk, **packed), None
+            logp_R = model.packed_logprobs(ids_1T, pos_1T, logit_index_R, targets_R, chunk, self.temperature, **packed)
+            return logp_R, None
         logits_1RV = model(
             input_ids=ids_1T, position_ids=pos_1T, use_cache=False, logits_to_keep=logit_index_R, **packed
         ).logits
+        if self.temperature != 1.0:
+            logits_1RV = logits_1RV / self.temperature
         if with_entropy:
             return token_logprobs_and_entropy(logits_1RV[0], targets_R)
         return token_logprobs(logits_1RV[0], targets_R), None

@@ -73,11 +73,15 @@ def chunked_token_logprobs(hidden_RD: Tensor, weight_VD: Tensor, targets_R: Tens
 
 def _packed_logprobs(
     self: nn.Module, input_ids_1T: Tensor, position_ids_1T: Tensor, logit_index_R: Tensor, targets_R: Tensor,
-    chunk_tokens: int, **kwargs,
+    chunk_tokens: int, temperature: float = 1.0, **kwargs,
 ) -> Tensor:  # fmt: skip
-    """A causal LM's forward up to the final norm, then the fused head on the response positions only."""
+    """A causal LM's forward up to the final norm, then the fused head on the response positions only, under
+    softmax(logits / temperature): (hidden / temperature) @ W.T is logits / temperature."""
     hidden_1TD = self.model(input_ids=input_ids_1T, position_ids=position_ids_1T, use_cache=False, **kwargs)[0]
-    return chunked_token_logprobs(hidden_1TD[0, logit_index_R], self.lm_head.weight, targets_R, chunk_tokens)
+    hidden_RD = hidden_1TD[0, logit_index_R]
+    if temperature != 1.0:
+        hidden_RD = hidden_RD / temperature
+    return chunked_token_logprobs(hidden_RD, self.lm_head.weight, targets_R, chunk_tokens)
 
 
 def install_packed_logprobs(model: nn.Module) -> None:

@@ -28,7 +28,7 @@ _GRACE_S = 2.0
 
 
 def serve(cfg: RunConfig) -> None:
-    device = _init_distributed()
+    device = _init_distributed(cfg.trainer.num_threads)
     rank, world = dist.get_rank(), dist.get_world_size()
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s trainer[{rank}] %(levelname)s %(message)s")
     if world != cfg.trainer.num_ranks:
@@ -57,14 +57,14 @@ def serve(cfg: RunConfig) -> None:
     log.info("stopped")
 
 
-def _init_distributed() -> torch.device:
+def _init_distributed(num_threads: int) -> torch.device:
     if torch.cuda.is_available():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl")
         return torch.device("cuda", local_rank)
-    # Two ranks on a small CPU machine: extra intra-op threads only fight over the cores.
-    torch.set_num_threads(1)
+    # Ranks and rollout workers share a small CPU machine: extra intra-op threads only fight over the cores.
+    torch.set_num_threads(num_threads)
     dist.init_process_group("gloo")
     return torch.device("cpu")
 

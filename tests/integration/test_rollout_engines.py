@@ -13,22 +13,26 @@ from services.common.config import RolloutSection
 
 
 @torch.no_grad()
-def _reference_logprobs(model, prompt: list[int], response: list[int]) -> torch.Tensor:
+def _reference_logprobs(model, prompt: list[int], response: list[int], temperature: float = 1.0) -> torch.Tensor:
     ids = torch.tensor([prompt + response])
-    logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+    logp = torch.log_softmax(model(ids).logits[0].float() / temperature, -1)
     positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(response))
     return logp[positions, torch.tensor(response)]
 
 
-def _max_diff(engine, model, prompts) -> float:
-    sampling = queue_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8, ignore_eos=True, seed=7)
+def _max_diff(engine, model, prompts, temperature: float = 1.0) -> float:
+    """Over one batched call of all prompts: the engine's logprob of each sampled token against an independent
+    forward pass, under the distribution it was sampled from (logits / temperature)."""
+    from services.rollout.engine import Request
+
+    sampling = queue_pb2.SamplingParams(temperature=temperature, top_p=1.0, max_tokens=8, ignore_eos=True, seed=7)
     diffs = []
-    for prompt, samples in zip(prompts, engine.generate(prompts, 4, sampling)):
+    for prompt, samples in zip(prompts, engine.generate([Request(p, 4, sampling) for p in prompts])):
         assert len(samples) == 4
         for s in samples:
             assert len(s.token_ids) == len(s.logprobs) == 8
             got = torch.tensor(s.logprobs)
-            diffs.append((got - _reference_logprobs(model, prompt, s.token_ids)).abs().max().item())
+            diffs.append((got - _reference_logprobs(model, prompt, s.token_ids, temperature)).abs().max().item())
     return max(diffs)
 
 
@@ -45,6 +49,8 @@ def test_engine_logprobs_match_hf_before_and_after_a_weight_load(engine_name, ti
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
     prompts = [[2, 3, 4, 5], [30, 31, 54]]
     assert _max_diff(engine, model, prompts) < 1e-4
+    # Below temperature 1 the logprobs are those of the sharper distribution the tokens were drawn from.
+    assert _max_diff(engine, model, prompts, temperature=0.7) < 1e-4
 
     g = torch.Generator().manual_seed(1)
     new = {n: torch.randn(t.shape, generator=g) * 0.05 for n, t in load_file(tiny_model / "model.safetensors").items()}

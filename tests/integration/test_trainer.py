@@ -115,10 +115,10 @@ def _hf(path: Path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
 
 
-def _hf_logprobs(model, s: trainer_pb2.Sequence) -> torch.Tensor:
-    """Response-token logprobs of one sequence, run alone and unpacked."""
+def _hf_logprobs(model, s: trainer_pb2.Sequence, temperature: float = 1.0) -> torch.Tensor:
+    """Response-token logprobs of one sequence, run alone and unpacked, under softmax(logits / temperature)."""
     ids = torch.tensor([list(s.prompt_ids) + list(s.response_ids)])
-    logp_TV = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].float(), dim=-1)
+    logp_TV = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0].float() / temperature, dim=-1)
     p = len(s.prompt_ids)
     return torch.stack([logp_TV[p + j - 1, t] for j, t in enumerate(s.response_ids)])
 
@@ -133,6 +133,12 @@ def test_compute_logprobs_equal_plain_transformers(trainer):
         with torch.no_grad():
             for s, got in zip(batch, reply.logprobs, strict=True):
                 assert (torch.tensor(got.values) - _hf_logprobs(model, s)).abs().max() < 1e-5
+    # Sampled at temperature 0.7, tokens are scored under the sharper distribution they were drawn from.
+    reply = trainer["stub"].ComputeLogprobs(trainer_pb2.LogprobsRequest(sequences=seqs, temperature=0.7), timeout=60)
+    with torch.no_grad():
+        for s, got in zip(seqs, reply.logprobs, strict=True):
+            assert (torch.tensor(got.values) - _hf_logprobs(model, s, 0.7)).abs().max() < 1e-5
+            assert (torch.tensor(got.values) - _hf_logprobs(model, s)).abs().max() > 1e-3
 
 
 def _reference_loss(model, seqs, ref_logps: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:

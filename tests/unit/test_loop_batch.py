@@ -10,7 +10,7 @@ from services.coordinator.state import RunState
 
 def _loop(tmp_path, *overrides):
     cfg = load_config(None, ["coordinator.max_tokens=4", *overrides])
-    return GrpoLoop(cfg, None, None, iter(()), None, tmp_path, RunState(run_id="r", num_steps=1))
+    return GrpoLoop(cfg, None, None, None, tmp_path, RunState(run_id="r", num_steps=1))
 
 
 def _group(index, rewards, lengths=None):

@@ -27,7 +27,7 @@ NODES4 = ("n0", "n1", "n2", "n3")
 
 
 def _place(cluster: Cluster, *overrides: str):
-    return place(load_config(None, [*PORTS, *overrides]), cluster)
+    return place(load_config(None, [*PORTS, "model.create=true", *overrides]), cluster)
 
 
 def test_one_cpu_node_keeps_the_local_hosts():

@@ -24,21 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aprotos/grpo/v1/queue.proto\x12\x07grpo.v1\"j\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"(\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x02 \x01(\t\"\xcd\x01\n\nPromptWork\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x14\n\x0cprompt_index\x18\x03 \x01(\r\x12\x12\n\nprompt_ids\x18\x04 \x03(\x05\x12\x13\n\x0bnum_samples\x18\x05 \x01(\r\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.grpo.v1.SamplingParams\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x04\x12\x1f\n\x04task\x18\x08 \x01(\x0b\x32\x11.grpo.v1.TaskSpec\"r\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x14\n\x0cresponse_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x0e\n\x06reward\x18\x04 \x01(\x02\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\"\xc5\x01\n\x0fTrajectoryGroup\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x14\n\x0cprompt_index\x18\x03 \x01(\r\x12\x12\n\nprompt_ids\x18\x04 \x03(\x05\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12)\n\x0ctrajectories\x18\x06 \x03(\x0b\x32\x13.grpo.v1.Trajectory\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x14\n\x0cgeneration_s\x18\x08 \x01(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aprotos/grpo/v1/queue.proto\x12\x07grpo.v1\"j\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x12\x0c\n\x04seed\x18\x05 \x01(\x04\"O\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x15\n\rmetadata_json\x18\x04 \x01(\t\"\xdb\x01\n\nPromptWork\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x14\n\x0cprompt_index\x18\x03 \x01(\r\x12\x12\n\nprompt_ids\x18\x04 \x03(\x05\x12\x13\n\x0bnum_samples\x18\x05 \x01(\r\x12)\n\x08sampling\x18\x06 \x01(\x0b\x32\x17.grpo.v1.SamplingParams\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x04\x12\x1f\n\x04task\x18\x08 \x01(\x0b\x32\x11.grpo.v1.TaskSpec\x12\x0c\n\x04\x65val\x18\t \x01(\x08\"\x96\x02\n\nTrajectory\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12\x14\n\x0cresponse_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\x12\x0e\n\x06reward\x18\x04 \x01(\x02\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x44\n\x11reward_components\x18\x07 \x03(\x0b\x32).grpo.v1.Trajectory.RewardComponentsEntry\x12\x15\n\rreward_errors\x18\x08 \x01(\r\x1a\x37\n\x15RewardComponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\"\xe2\x01\n\x0fTrajectoryGroup\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12\x14\n\x0cprompt_index\x18\x03 \x01(\r\x12\x12\n\nprompt_ids\x18\x04 \x03(\x05\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12)\n\x0ctrajectories\x18\x06 \x03(\x0b\x32\x13.grpo.v1.Trajectory\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x14\n\x0cgeneration_s\x18\x08 \x01(\x01\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x0c\n\x04\x65val\x18\n \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.grpo.v1.queue_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._loaded_options = None
+  _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGPARAMS']._serialized_start=39
   _globals['_SAMPLINGPARAMS']._serialized_end=145
   _globals['_TASKSPEC']._serialized_start=147
-  _globals['_TASKSPEC']._serialized_end=187
-  _globals['_PROMPTWORK']._serialized_start=190
-  _globals['_PROMPTWORK']._serialized_end=395
-  _globals['_TRAJECTORY']._serialized_start=397
-  _globals['_TRAJECTORY']._serialized_end=511
-  _globals['_TRAJECTORYGROUP']._serialized_start=514
-  _globals['_TRAJECTORYGROUP']._serialized_end=711
+  _globals['_TASKSPEC']._serialized_end=226
+  _globals['_PROMPTWORK']._serialized_start=229
+  _globals['_PROMPTWORK']._serialized_end=448
+  _globals['_TRAJECTORY']._serialized_start=451
+  _globals['_TRAJECTORY']._serialized_end=729
+  _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._serialized_start=674
+  _globals['_TRAJECTORY_REWARDCOMPONENTSENTRY']._serialized_end=729
+  _globals['_TRAJECTORYGROUP']._serialized_start=732
+  _globals['_TRAJECTORYGROUP']._serialized_end=958
 # @@protoc_insertion_point(module_scope)

@@ -21,15 +21,19 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., max_tokens: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class TaskSpec(_message.Message):
-    __slots__ = ("name", "answer")
+    __slots__ = ("name", "answer", "prompt", "metadata_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     answer: str
-    def __init__(self, name: _Optional[str] = ..., answer: _Optional[str] = ...) -> None: ...
+    prompt: str
+    metadata_json: str
+    def __init__(self, name: _Optional[str] = ..., answer: _Optional[str] = ..., prompt: _Optional[str] = ..., metadata_json: _Optional[str] = ...) -> None: ...
 
 class PromptWork(_message.Message):
-    __slots__ = ("run_id", "step", "prompt_index", "prompt_ids", "num_samples", "sampling", "policy_version", "task")
+    __slots__ = ("run_id", "step", "prompt_index", "prompt_ids", "num_samples", "sampling", "policy_version", "task", "eval")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +42,7 @@ class PromptWork(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step: int
     prompt_index: int
@@ -46,24 +51,38 @@ class PromptWork(_message.Message):
     sampling: SamplingParams
     policy_version: int
     task: TaskSpec
-    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., policy_version: _Optional[int] = ..., task: _Optional[_Union[TaskSpec, _Mapping]] = ...) -> None: ...
+    eval: bool
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., policy_version: _Optional[int] = ..., task: _Optional[_Union[TaskSpec, _Mapping]] = ..., eval: _Optional[bool] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("trajectory_id", "response_ids", "logprobs", "reward", "finish_reason")
+    __slots__ = ("trajectory_id", "response_ids", "logprobs", "reward", "finish_reason", "text", "reward_components", "reward_errors")
+    class RewardComponentsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     response_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     reward: float
     finish_reason: str
-    def __init__(self, trajectory_id: _Optional[str] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    text: str
+    reward_components: _containers.ScalarMap[str, float]
+    reward_errors: int
+    def __init__(self, trajectory_id: _Optional[str] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
-    __slots__ = ("run_id", "step", "prompt_index", "prompt_ids", "policy_version", "trajectories", "worker_id", "generation_s")
+    __slots__ = ("run_id", "step", "prompt_index", "prompt_ids", "policy_version", "trajectories", "worker_id", "generation_s", "error", "eval")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +91,8 @@ class TrajectoryGroup(_message.Message):
     TRAJECTORIES_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step: int
     prompt_index: int
@@ -80,4 +101,6 @@ class TrajectoryGroup(_message.Message):
     trajectories: _containers.RepeatedCompositeFieldContainer[Trajectory]
     worker_id: str
     generation_s: float
-    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., policy_version: _Optional[int] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., worker_id: _Optional[str] = ..., generation_s: _Optional[float] = ...) -> None: ...
+    error: str
+    eval: bool
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., policy_version: _Optional[int] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., worker_id: _Optional[str] = ..., generation_s: _Optional[float] = ..., error: _Optional[str] = ..., eval: _Optional[bool] = ...) -> None: ...

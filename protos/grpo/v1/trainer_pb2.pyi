@@ -21,12 +21,14 @@ class Sequence(_message.Message):
     def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., trajectory_id: _Optional[str] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
-    __slots__ = ("step", "sequences")
+    __slots__ = ("step", "sequences", "temperature")
     STEP_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     step: int
     sequences: _containers.RepeatedCompositeFieldContainer[Sequence]
-    def __init__(self, step: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ...) -> None: ...
+    temperature: float
+    def __init__(self, step: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ..., temperature: _Optional[float] = ...) -> None: ...
 
 class TrainReply(_message.Message):
     __slots__ = ("policy_version", "metrics")
@@ -44,10 +46,12 @@ class TrainReply(_message.Message):
     def __init__(self, policy_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class LogprobsRequest(_message.Message):
-    __slots__ = ("sequences",)
+    __slots__ = ("sequences", "temperature")
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     sequences: _containers.RepeatedCompositeFieldContainer[Sequence]
-    def __init__(self, sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ...) -> None: ...
+    temperature: float
+    def __init__(self, sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ..., temperature: _Optional[float] = ...) -> None: ...
 
 class TokenLogprobs(_message.Message):
     __slots__ = ("values",)

@@ -78,6 +78,8 @@ class MegatronEngine(Engine):
         """GPTModel's output processor: logprobs ([R], or [2, R] with entropies) of the row's response tokens."""
         logit_index_R, targets_R, with_entropy = context
         hidden_RD = hidden_states[logit_index_R, 0]
+        if self.temperature != 1.0:  # logits / temperature, the sampling distribution
+            hidden_RD = hidden_RD / self.temperature
         weight_VD = output_weight if output_weight is not None else output_layer.weight
         if with_entropy:  # tensor_parallel == 1 (checked by the config)
             return torch.stack(token_logprobs_and_entropy(hidden_RD @ weight_VD.t(), targets_R))

@@ -1,0 +1,176 @@
+"""Generated tokens/s through the rollout service (Redis streams, a worker process with its gRPC service, the rewards)
+against the raw engine on the same prompts, in the same run.
+
+    .venv/bin/python bench/rollout.py           # SmolLM2-135M-Instruct; writes bench/results/rollout_cpu.json
+    .venv/bin/python bench/rollout.py --smoke   # tiny random model, seconds; writes /tmp/rollout_smoke.json
+
+The service side: Redis, weightsync (the worker registers with it) and one rollout worker are started as processes,
+the worker is warmed up with one item, then every prompt is enqueued at once and timed until its last group is
+back. The raw side: the same engine class in this process, after the worker has stopped (so the two never share
+the cores), one generate call of the same requests. Every sample runs to max_tokens (ignore_eos), so both sides
+generate exactly the same number of tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from protos.grpo.v1 import queue_pb2  # noqa: E402
+from services.common.config import RunConfig, dump_toml, load_config  # noqa: E402
+
+
+def _requests(cfg: RunConfig, num_prompts: int, num_samples: int, max_tokens: int) -> list[queue_pb2.PromptWork]:
+    from services.common.tasks import PromptRenderer, load_task
+
+    data = load_task(cfg.task)
+    renderer = PromptRenderer(cfg.model.path, cfg.task.system_prompt, cfg.task.chat_template)
+    return [
+        queue_pb2.PromptWork(
+            run_id="bench",
+            step=1,
+            prompt_index=i,
+            prompt_ids=renderer.ids(p),
+            num_samples=num_samples,
+            sampling=queue_pb2.SamplingParams(
+                temperature=1.0, top_p=1.0, max_tokens=max_tokens, ignore_eos=True, seed=1000 + i
+            ),
+            task=queue_pb2.TaskSpec(name="bench", answer=p.answer, prompt=p.text, metadata_json=json.dumps(p.metadata)),
+        )
+        for i, p in enumerate(data.train[:num_prompts])
+    ]
+
+
+def _service_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path) -> tuple[float, float]:
+    from deploy.placement import resolve
+    from deploy.procs import check_alive, spawn, stop_all
+    from services.common.grpcio import wait_healthy
+    from services.common.queue import WorkQueue, connect
+    from services.common.redis_server import start_redis
+
+    cfg = resolve(cfg)
+    config_path = tmp / "config.toml"
+    config_path.write_text(dump_toml(cfg))
+    redis_proc = start_redis(cfg.redis.port, tmp / "redis")
+    env = {"OMP_NUM_THREADS": str(cfg.rollout.num_threads)}
+    services = [spawn("weightsync", ["-m", "services.weightsync.main", "--config", str(config_path)], tmp / "logs")]
+    try:
+        wait_healthy(f"{cfg.weightsync.host}:{cfg.weightsync.grpc_port}", timeout_s=120)
+        args = ["-m", "services.rollout.main", "--worker-index", "0", "--config", str(config_path)]
+        services.append(spawn("rollout-0", args, tmp / "logs", env))
+        queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
+        queue.ensure_group()
+        warm = queue_pb2.PromptWork()
+        warm.CopyFrom(work[0])
+        warm.step = 0
+        _run(queue, [warm], lambda: check_alive(services), timeout_s=600)  # engine start-up and first call
+        start = time.perf_counter()
+        groups = _run(queue, work, lambda: check_alive(services), timeout_s=1800)
+        seconds = time.perf_counter() - start
+        tokens = sum(len(t.response_ids) for g in groups for t in g.trajectories)
+        return tokens / seconds, seconds
+    finally:
+        stop_all(services)
+        redis_proc.terminate()
+        redis_proc.wait()
+
+
+def _run(queue, work: list[queue_pb2.PromptWork], check_alive, timeout_s: float) -> list[queue_pb2.TrajectoryGroup]:
+    cursor = queue.trajectories_tail()
+    queue.enqueue(work)
+    want = {(w.step, w.prompt_index) for w in work}
+    got: dict[tuple[int, int], queue_pb2.TrajectoryGroup] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(want):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(got)}/{len(want)} groups after {timeout_s}s")
+        check_alive()
+        cursor, groups = queue.read_trajectories(cursor, block_ms=200)
+        for g in groups:
+            if g.error:
+                raise RuntimeError(f"prompt {g.prompt_index} rejected: {g.error}")
+            got[(g.step, g.prompt_index)] = g
+    return list(got.values())
+
+
+def _raw_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork]) -> tuple[float, float]:
+    os.environ["OMP_NUM_THREADS"] = str(cfg.rollout.num_threads)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_GiB))
+    from services.rollout.engine import Request, make_engine
+
+    engine = make_engine(cfg.rollout, cfg.model.path, seed=cfg.run.seed)
+    requests = [Request(list(w.prompt_ids), w.num_samples, w.sampling) for w in work]
+    engine.generate(requests[:1])  # warm-up, as the service's
+    start = time.perf_counter()
+    samples = engine.generate(requests)
+    seconds = time.perf_counter() - start
+    return sum(len(s.token_ids) for group in samples for s in group) / seconds, seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny random model and few tokens; /tmp output")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    overrides = [
+        'task.name="reasoning_gym"',
+        'task.generator="basic_arithmetic"',
+        'task.system_prompt="Answer with only the final number."',
+        "task.eval_size=1",
+        "task.rewards={reasoning_gym=1.0}",
+        f"rollout.max_num_seqs={args.prompts * args.samples}",
+        "rollout.max_model_len=512",
+        f'run.output_dir="{tmp}"',
+    ]
+    if args.smoke:
+        from services.common.config import ModelSection
+        from services.common.tinymodel import create_tiny_model
+
+        model = create_tiny_model(ModelSection(path=str(tmp / "tiny")), seed=0)
+        overrides += [f'model.path="{model}"', "task.chat_template=false", "task.train_size=8"]
+        args.prompts, args.max_tokens = min(args.prompts, 4), min(args.max_tokens, 8)
+    else:
+        from services.common.models import build_model
+
+        overrides.append(f'model.path="{build_model("smollm2-135m-instruct", REPO / "runs" / "models")}"')
+    cfg = load_config(None, overrides)
+    work = _requests(cfg, args.prompts, args.samples, args.max_tokens)
+    service_tokps, service_s = _service_tokps(cfg, work, tmp)
+    raw_tokps, raw_s = _raw_tokps(cfg, work)
+    result = {
+        "service_over_raw_tokps": service_tokps / raw_tokps,
+        "raw_tokps": raw_tokps,
+        "service_tokps": service_tokps,
+        "service_s": service_s,
+        "raw_s": raw_s,
+        "tokens": args.prompts * args.samples * args.max_tokens,
+        "prompts": args.prompts,
+        "samples_per_prompt": args.samples,
+        "max_tokens": args.max_tokens,
+        "model": Path(cfg.model.path).name,
+        "engine": cfg.rollout.engine,
+        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+    }
+    default = "/tmp/rollout_smoke.json" if args.smoke else REPO / "bench" / "results" / "rollout_cpu.json"
+    out = Path(args.out or default)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""What every launcher checks before it starts any process: the model folder and the whole task data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.common.config import ConfigError, RunConfig
+
+
+def preflight(cfg: RunConfig) -> None:
+    """Create the tiny model if asked; then the model folder exists, and every prompt loads, renders and fits
+    (services.common.tasks.check_task). Raises ConfigError with one line naming the file, row and field."""
+    from services.common.tasks import TaskError, check_task
+
+    if cfg.model.create:
+        from services.common.tinymodel import create_tiny_model
+
+        create_tiny_model(cfg.model, cfg.run.seed)
+    elif not (Path(cfg.model.path) / "config.json").is_file():
+        raise ConfigError(
+            f"model.path = {cfg.model.path!r} holds no HF model (no config.json): point it at a local checkpoint, "
+            "build SmolLM2 with `make model NAME=smollm2-135m-instruct`, or set model.create = true for a tiny one"
+        )
+    try:
+        check_task(cfg)
+    except TaskError as e:
+        raise ConfigError(str(e)) from None
