@@ -8,8 +8,9 @@ from services.common.config import ConfigError, RunConfig
 
 
 def preflight(cfg: RunConfig) -> None:
-    """Create the tiny model if asked; then the model folder exists, and every prompt loads, renders and fits
-    (services.common.tasks.check_task). Raises ConfigError with one line naming the file, row and field."""
+    """Create the tiny model if asked; then the model folder exists, every reward loads, and every prompt loads,
+    renders and fits (services.common.tasks.check_task). Raises ConfigError with one line naming the cause (the
+    file, row and field for data)."""
     from services.common.tasks import TaskError, check_task
 
     if cfg.model.create:
@@ -21,6 +22,13 @@ def preflight(cfg: RunConfig) -> None:
             f"model.path = {cfg.model.path!r} holds no HF model (no config.json): point it at a local checkpoint, "
             "build SmolLM2 with `make model NAME=smollm2-135m-instruct`, or set model.create = true for a tiny one"
         )
+    from services.common.rewards import load_reward
+
+    for name in cfg.task.reward_weights():
+        try:
+            load_reward(name)
+        except ValueError as e:
+            raise ConfigError(f"task.rewards: {e}") from None
     try:
         check_task(cfg)
     except TaskError as e:

@@ -30,6 +30,9 @@ class RunSection(_Section):
     """Samples per held-out prompt for eval/pass@k (at coordinator.temperature); 0 = greedy accuracy only."""
     samples_per_step: int = Field(default=4, ge=0)
     """Completions of each step (and of each evaluation) written to samples.jsonl and shown on /status."""
+    loggers: list[Literal["tensorboard", "wandb"]] = []
+    """Experiment trackers that get every metrics row: tensorboard (event files in <run>/tensorboard) and wandb
+    (offline in <run>/wandb unless WANDB_MODE is set; `wandb sync` uploads it). metrics.jsonl is always written."""
     save_every: int = Field(default=0, ge=0)
     """Export the policy as an HF folder (checkpoints/step_N) every this many steps, and always at the end."""
 

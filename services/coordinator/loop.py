@@ -14,6 +14,7 @@ from services.common.tasks import Prompt
 from .advantages import dr_grpo_advantages, group_advantages, groups_with_signal, overlong_penalty
 from .evaluation import eval_metrics
 from .feed import PromptFeed
+from .loggers import make_loggers
 from .metrics import MetricsLog, SampleLog, response_metrics
 from .state import RunState
 
@@ -34,7 +35,8 @@ class GrpoLoop:
     ):
         self.cfg, self.queue, self.trainer, self.feed = cfg, queue, trainer, feed
         self.run_dir, self.state = run_dir, state
-        self.metrics = MetricsLog(run_dir)
+        loggers = make_loggers(cfg.run.loggers, run_dir, state.run_id, cfg.model_dump())
+        self.metrics = MetricsLog(run_dir, loggers)
         self.samples = SampleLog(run_dir)
 
     def step(self, step: int) -> dict[str, float]:

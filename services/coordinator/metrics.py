@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from protos.grpo.v1 import queue_pb2
 from services.common.tasks import Prompt
+
+from .loggers import Logger
 
 STEP_KEYS = (
     "step",
@@ -51,20 +54,33 @@ def row(m: dict[str, float]) -> str:
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path):
+    """metrics.jsonl, and the same rows to the configured experiment trackers (run.loggers)."""
+
+    def __init__(self, run_dir: Path, loggers: list[Logger] | tuple = ()):
         self.path = run_dir / "metrics.jsonl"
+        self.loggers = list(loggers)
+        self.start = time.time()
 
     def append(self, m: dict[str, float]) -> None:
         missing = [k for k in STEP_KEYS if k not in m]
         assert not missing, f"step metrics lack {missing}"
-        with self.path.open("a") as f:
-            f.write(json.dumps(m) + "\n")
+        self._write(m)
 
     def append_eval(self, m: dict[str, float]) -> None:
         """A row holding only held-out metrics (step 0, before any training)."""
         assert "eval/accuracy" in m, "an eval row needs eval/accuracy"
+        self._write(m)
+
+    def _write(self, m: dict[str, float]) -> None:
+        m["time/wall_s"] = time.time() - self.start  # since the coordinator started: curves against wall time
         with self.path.open("a") as f:
             f.write(json.dumps(m) + "\n")
+        for logger in self.loggers:
+            logger.log(m, int(m["step"]))
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()
 
     def read(self) -> list[dict[str, float]]:
         if not self.path.exists():

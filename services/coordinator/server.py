@@ -56,5 +56,6 @@ def serve(cfg: RunConfig) -> None:
     stop.wait()
     runner.stop()
     runner.join(timeout_s=10)
+    runner.loop.metrics.close()  # the trackers' last rows (a run can be started again until the service stops)
     http.should_exit = True
     server.stop(1).wait()

@@ -92,9 +92,37 @@ def test_grpo_steps_through_all_services(tmp_path, tiny_model):
         expected = {f"e2e/{b['step']}/{p}/{s}" for p in range(NUM_PROMPTS) for s in range(NUM_SAMPLES)}
         assert set(b["trajectory_ids"]) == expected
 
+    # What the model wrote, a few per step; and the policy exported at the end as an HF folder.
+    samples = _jsonl(run_dir / "samples.jsonl")
+    assert sorted({s["step"] for s in samples}) == list(range(1, NUM_STEPS + 1))
+    assert all(len(s["completion"]) <= 8 and s["policy_version"] == s["step"] - 1 for s in samples)
+    [saved] = _jsonl(run_dir / "checkpoints.jsonl")
+    assert saved["policy_version"] == NUM_STEPS
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in Path(saved["path"]).iterdir()}
+
     assert (run_dir / "plot.png").stat().st_size > 0
     assert b"reward" in out
     assert not _processes_mentioning(str(run_dir))
+
+
+def test_bad_data_and_unknown_rewards_fail_before_any_process_starts(tmp_path, tiny_model):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "abc", "answer": "a"}\n{"prompt": 7, "answer": "b"}\n')
+    cases = [
+        (
+            ['task.name="dataset"', f'task.prompts_path="{rows}"', "task.eval_size=0"],
+            "rows.jsonl: row 2: field 'prompt'",
+        ),
+        (['task.rewards={"no_such_reward" = 1.0}'], "task.rewards: unknown reward 'no_such_reward'"),
+        (['task.rewards={"os.path:nope" = 1.0}'], "cannot import reward 'os.path:nope'"),
+    ]
+    for overrides, message in cases:
+        proc = _launch(tmp_path, tiny_model, *overrides)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 2, out.decode()
+        errors = [line for line in out.decode().splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and message in errors[0], out.decode()
+        assert not (tmp_path / "e2e" / "logs").exists()
 
 
 def test_ctrl_c_stops_every_process(tmp_path, tiny_model):
