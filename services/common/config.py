@@ -123,6 +123,9 @@ class CoordinatorSection(_Section):
     nucleus, so top_p < 1 would train off-policy with a silently wrong ratio."""
     ignore_eos: bool = True
     """Generate exactly max_tokens (the built-in task scores fixed-length answers)."""
+    advantage: Literal["grpo", "dr_grpo"] = "grpo"
+    """Group-relative advantage: grpo ((r - mean) / std within the group) or dr_grpo (r - mean, no std division).
+    Unset, it follows trainer.loss = "dr_grpo" (the pairing Dr.GRPO's paper uses)."""
     dynamic_sampling: bool = False
     """Train only on groups whose rewards differ (DAPO): an all-equal group has zero advantage everywhere."""
     overlong_buffer_tokens: int = Field(default=0, ge=0)
@@ -200,7 +203,8 @@ class TrainerSection(_Section):
     clip_eps_high: float = Field(default=0.28, gt=0)
     """Upper clip range (ratio <= 1 + clip_eps_high) of dapo and gspo; DAPO uses 0.28, GSPO 4e-4."""
     dr_grpo_norm_tokens: int = Field(default=0, ge=0)
-    """Dr.GRPO's constant per-sequence normaliser in tokens; 0 = coordinator.max_tokens (the generation budget)."""
+    """Dr.GRPO's constant per-sequence normaliser in tokens; 0 = the batch's generation budget, which the
+    coordinator sends with each Train call (coordinator.max_tokens)."""
     kl_estimator: Literal["k1", "k3"] = "k3"
     """Per-token estimator of KL(policy || reference) weighted by kl_beta: k1 = log ratio, k3 = Schulman's k3."""
     entropy_coef: float = Field(default=0.0, ge=0)
@@ -330,6 +334,8 @@ class RunConfig(_Section):
             raise ValueError("model.hidden_size must be a multiple of model.num_heads")
         if self.model.num_heads % self.model.num_kv_heads:
             raise ValueError("model.num_heads must be a multiple of model.num_kv_heads")
+        if self.trainer.loss == "dr_grpo" and "advantage" not in self.coordinator.model_fields_set:
+            self.coordinator.advantage = "dr_grpo"
         if self.coordinator.top_p != 1.0:
             raise ValueError(
                 "coordinator.top_p < 1 is refused: the trainer scores tokens under the full softmax(logits / "

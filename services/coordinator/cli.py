@@ -38,7 +38,8 @@ def _print_samples(run_dir: Path, last: int) -> None:
         raise SystemExit(f"error: {path} does not exist (is {run_dir} a run folder?)")
     for s in read_samples(path, last):
         kind = "eval" if s["eval"] else "train"
-        print(f"--- step {s['step']} ({kind}, policy v{s['policy_version']}) reward {s['reward']:.3f} [{s['finish_reason']}]")
+        head = f"step {s['step']} ({kind}, policy v{s['policy_version']})"
+        print(f"--- {head} reward {s['reward']:.3f} [{s['finish_reason']}]")
         print(f"prompt:     {s['prompt']}")
         print(f"answer:     {s['answer']}")
         print(f"completion: {s['completion']}")

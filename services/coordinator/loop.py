@@ -170,7 +170,7 @@ class GrpoLoop:
         kept = groups_with_signal(rewards_PG) if c.dynamic_sampling else list(range(len(groups)))
         # If no group has signal the batch still trains (all advantages 0): the loop stays uniform.
         kept = kept or list(range(len(groups)))
-        advantage_fn = dr_grpo_advantages if self.cfg.trainer.loss == "dr_grpo" else group_advantages
+        advantage_fn = dr_grpo_advantages if c.advantage == "dr_grpo" else group_advantages
         sequences = []
         for p in kept:
             g = groups[p]
@@ -195,14 +195,17 @@ class GrpoLoop:
     def train(self, step: int, sequences: list[trainer_pb2.Sequence]) -> trainer_pb2.TrainReply:
         with (self.run_dir / "batches.jsonl").open("a") as f:
             f.write(json.dumps({"step": step, "trajectory_ids": [s.trajectory_id for s in sequences]}) + "\n")
-        request = trainer_pb2.TrainRequest(step=step, sequences=sequences, temperature=self.cfg.coordinator.temperature)
+        c = self.cfg.coordinator
+        request = trainer_pb2.TrainRequest(
+            step=step, sequences=sequences, temperature=c.temperature, max_tokens=c.max_tokens
+        )
         return self.trainer.Train(request, timeout=self.cfg.coordinator.rpc_timeout_s)
 
     def refit(self, step: int) -> tuple[trainer_pb2.PublishWeightsReply, float]:
         start = time.perf_counter()
+        # timeout_s=0: the refit deadline is the trainer's own (weightsync.timeout_s); ours bounds the call.
         reply = self.trainer.PublishWeights(
-            trainer_pb2.PublishWeightsRequest(timeout_s=self.cfg.weightsync.timeout_s),
-            timeout=self.cfg.weightsync.timeout_s + 30,
+            trainer_pb2.PublishWeightsRequest(timeout_s=0), timeout=self.cfg.coordinator.rpc_timeout_s
         )
         refit_s = time.perf_counter() - start
         with (self.run_dir / "refits.jsonl").open("a") as f:
@@ -226,9 +229,7 @@ class GrpoLoop:
     def step_metrics(self, step, start, generation_s, groups, train, refit) -> dict[str, float]:
         publish, refit_s = refit
         trajectories = [t for g in groups for t in g.trajectories]
-        m = dict(train.metrics)
-        num_tokens = sum(len(g.prompt_ids) * len(g.trajectories) for g in groups)
-        num_tokens += sum(len(t.response_ids) for t in trajectories)
+        m = dict(train.metrics)  # the trainer's: loss, timings, mismatch, throughput/tokens_per_s_per_gpu
         m.update(
             {
                 "step": step,
@@ -239,9 +240,6 @@ class GrpoLoop:
                 "reward/mean": sum(t.reward for t in trajectories) / len(trajectories),
                 "refit/bytes": publish.payload_bytes,
                 "refit/GBps": publish.payload_bytes / refit_s / 1e9,
-                "throughput/tokens_per_s_per_gpu": num_tokens
-                / max(m["timing/policy_training_s"], 1e-9)
-                / self.cfg.trainer.num_ranks,
                 **response_metrics(trajectories),
                 "data/cursor": self.feed.cursor,
                 "timing/total_s": time.perf_counter() - start,

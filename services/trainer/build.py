@@ -42,8 +42,6 @@ def build_engine(cfg: RunConfig, device: torch.device) -> Engine:
 
         return build(cfg, device)
     trainer = cfg.trainer
-    if trainer.loss == "dr_grpo" and not trainer.dr_grpo_norm_tokens:
-        trainer = trainer.model_copy(update={"dr_grpo_norm_tokens": cfg.coordinator.max_tokens})
     policy = load_model(cfg.model.path, torch.float32, trainer.attn_implementation)
     ref = None
     if trainer.kl_beta > 0:

@@ -55,6 +55,7 @@ class Executor:
     def train(self, request: trainer_pb2.TrainRequest) -> trainer_pb2.TrainReply:
         seqs = request.sequences
         self.engine.temperature = request.temperature or 1.0
+        self.engine.max_tokens = request.max_tokens
         metrics = self.engine.train(
             to_seqs(seqs), [s.advantage for s in seqs], [list(s.rollout_logprobs) for s in seqs]
         )

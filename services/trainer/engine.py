@@ -61,6 +61,8 @@ class Engine:
         self.policy_version = 0
         self.temperature = 1.0
         """Of the batch being scored: logprobs are of softmax(logits / temperature), the sampling distribution."""
+        self.max_tokens = 0
+        """Generation budget of the batch being trained (TrainRequest.max_tokens): Dr.GRPO's default normaliser."""
 
     def logprobs(self, seqs: list[Seq]) -> list[Tensor]:
         """Current-policy logprob of every response token, one CPU tensor per sequence, on every rank."""
@@ -88,9 +90,11 @@ class Engine:
         training_s = time.perf_counter() - start
         logprobs_s, training_s, peak_mem_GiB = self._max_over_ranks([logprobs_s, training_s, self._peak_mem_GiB()])
         self.policy_version += 1
+        num_tokens = float(sum(s.num_tokens for s in seqs))
         return {
             **metrics,
-            "num_tokens": float(sum(s.num_tokens for s in seqs)),
+            "num_tokens": num_tokens,
+            "throughput/tokens_per_s_per_gpu": num_tokens / max(training_s, 1e-9) / self.world,
             "timing/logprobs_s": logprobs_s,
             "timing/policy_training_s": training_s,
             "peak_mem_GiB": peak_mem_GiB,
@@ -200,7 +204,7 @@ class Engine:
         response_lens_B = torch.tensor([len(s.response_ids) for s in seqs])
         adv_N = torch.repeat_interleave(torch.tensor(advantages, dtype=torch.float32), response_lens_B)
         rollout_N = torch.tensor([lp for seq_lps in rollout_logprobs for lp in seq_lps], dtype=torch.float32)
-        weights_N = loss_weights(self.cfg, response_lens_B)
+        weights_N = loss_weights(self.cfg, response_lens_B, self.max_tokens)
         return BatchTokens(adv_N.to(self.device), rollout_N.to(self.device), weights_N.to(self.device), ref_N)
 
     @torch.no_grad()

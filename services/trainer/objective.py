@@ -101,10 +101,11 @@ def token_objective(cfg: TrainerSection, x: TokenInputs) -> TokenTerms:
     return TokenTerms(loss_R, kl_R, is_weight_R)
 
 
-def loss_weights(cfg: TrainerSection, response_lens_B: Tensor) -> Tensor:
-    """Weight of every response token of the batch (flat layout) in the batch loss."""
+def loss_weights(cfg: TrainerSection, response_lens_B: Tensor, max_tokens: int = 0) -> Tensor:
+    """Weight of every response token of the batch (flat layout) in the batch loss; max_tokens is the batch's
+    generation budget, Dr.GRPO's normaliser where trainer.dr_grpo_norm_tokens is 0."""
     if cfg.loss == "gspo":
         return sequence_mean_weights(response_lens_B)
     if cfg.loss == "dr_grpo":
-        return constant_length_weights(response_lens_B, cfg.dr_grpo_norm_tokens)
+        return constant_length_weights(response_lens_B, cfg.dr_grpo_norm_tokens or max_tokens)
     return token_mean_weights(response_lens_B)

@@ -1,9 +1,10 @@
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
-from services.common.config import ConfigError, dump_toml, load_config
+from services.common.config import ConfigError, RunConfig, dump_toml, load_config
 
 
 def test_defaults_validate_and_round_trip_through_toml(tmp_path):
@@ -61,3 +62,36 @@ def test_shared_contracts_import_without_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_the_advantage_is_the_coordinators_and_follows_a_dr_grpo_loss_unless_set():
+    assert load_config(None, []).coordinator.advantage == "grpo"
+    assert load_config(None, ['trainer.loss="dr_grpo"']).coordinator.advantage == "dr_grpo"
+    assert load_config(None, ['trainer.loss="dr_grpo"', 'coordinator.advantage="grpo"']).coordinator.advantage == "grpo"
+
+
+def test_top_p_below_one_is_refused_naming_why():
+    with pytest.raises(ConfigError, match="top_p < 1 is refused"):
+        load_config(None, ["coordinator.top_p=0.9"])
+
+
+def test_each_source_scores_with_its_own_reward_unless_told():
+    assert load_config(None, []).task.reward_weights() == {"class_continuation": 1.0}
+    rg = ['task.name="reasoning_gym"', 'task.generator="chain_sum"']
+    assert load_config(None, rg).task.reward_weights() == {"reasoning_gym": 1.0}
+    data = ['task.name="dataset"', 'task.prompts_path="x.jsonl"', "task.rewards={exact = 1.0, eos = 0.5}"]
+    assert load_config(None, data).task.reward_weights() == {"exact": 1.0, "eos": 0.5}
+    with pytest.raises(ConfigError, match="task.generator is required"):
+        load_config(None, ['task.name="reasoning_gym"'])
+
+
+def test_a_config_with_tables_and_escapes_survives_the_round_trip_through_toml():
+    cfg = load_config(
+        None,
+        [
+            'task.system_prompt="Think.\\nThen \\"answer\\"."',
+            'task.generator_config={min_terms = 2, operators = ["+", "-"]}',
+            'task.rewards={"my.mod:fn" = 0.5}',
+        ],
+    )
+    assert RunConfig.model_validate(tomllib.loads(dump_toml(cfg))) == cfg

@@ -200,3 +200,6 @@ def test_loss_weights_follow_the_configured_loss():
     assert loss_weights(TrainerSection(loss="gspo"), lens).tolist() == pytest.approx([1 / 4] * 2 + [1 / 12] * 6)
     dr = TrainerSection(loss="dr_grpo", dr_grpo_norm_tokens=10)
     assert loss_weights(dr, lens).tolist() == pytest.approx([1 / 20] * 8)
+    # Unset, Dr.GRPO's normaliser is the generation budget that came with the batch; a configured one wins.
+    assert loss_weights(TrainerSection(loss="dr_grpo"), lens, 10).tolist() == pytest.approx([1 / 20] * 8)
+    assert loss_weights(dr, lens, 99).tolist() == pytest.approx([1 / 20] * 8)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/grpo/v1/trainer.proto\x12\x07grpo.v1\"x\n\x08Sequence\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x14\n\x0cresponse_ids\x18\x02 \x03(\x05\x12\x18\n\x10rollout_logprobs\x18\x03 \x03(\x02\x12\x11\n\tadvantage\x18\x04 \x01(\x02\x12\x15\n\rtrajectory_id\x18\x05 \x01(\t\"W\n\x0cTrainRequest\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12$\n\tsequences\x18\x02 \x03(\x0b\x32\x11.grpo.v1.Sequence\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\"\x87\x01\n\nTrainReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x31\n\x07metrics\x18\x02 \x03(\x0b\x32 .grpo.v1.TrainReply.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"L\n\x0fLogprobsRequest\x12$\n\tsequences\x18\x01 \x03(\x0b\x32\x11.grpo.v1.Sequence\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\"\x1f\n\rTokenLogprobs\x12\x0e\n\x06values\x18\x01 \x03(\x02\"Q\n\rLogprobsReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12(\n\x08logprobs\x18\x02 \x03(\x0b\x32\x16.grpo.v1.TokenLogprobs\"1\n\x0bSaveRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0cweights_only\x18\x02 \x01(\x08\"\x99\x01\n\tSaveReply\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x34\n\tchecksums\x18\x03 \x03(\x0b\x32!.grpo.v1.SaveReply.ChecksumsEntry\x1a\x30\n\x0e\x43hecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1b\n\x0bLoadRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"#\n\tLoadReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\"*\n\x15PublishWeightsRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"\xa4\x03\n\x13PublishWeightsReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x15\n\rpayload_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07refit_s\x18\x03 \x01(\x01\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\x12\x15\n\rnum_endpoints\x18\x05 \x01(\r\x12O\n\x12received_checksums\x18\x06 \x03(\x0b\x32\x33.grpo.v1.PublishWeightsReply.ReceivedChecksumsEntry\x12\x1d\n\x15num_readback_verified\x18\x07 \x01(\r\x12\x10\n\x08gather_s\x18\x08 \x01(\x01\x12\x39\n\x07\x61pply_s\x18\t \x03(\x0b\x32(.grpo.v1.PublishWeightsReply.ApplySEntry\x1a\x38\n\x16ReceivedChecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0b\x41pplySEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xb7\x02\n\x07Trainer\x12\x33\n\x05Train\x12\x15.grpo.v1.TrainRequest\x1a\x13.grpo.v1.TrainReply\x12\x43\n\x0f\x43omputeLogprobs\x12\x18.grpo.v1.LogprobsRequest\x1a\x16.grpo.v1.LogprobsReply\x12\x30\n\x04Save\x12\x14.grpo.v1.SaveRequest\x1a\x12.grpo.v1.SaveReply\x12\x30\n\x04Load\x12\x14.grpo.v1.LoadRequest\x1a\x12.grpo.v1.LoadReply\x12N\n\x0ePublishWeights\x12\x1e.grpo.v1.PublishWeightsRequest\x1a\x1c.grpo.v1.PublishWeightsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/grpo/v1/trainer.proto\x12\x07grpo.v1\"x\n\x08Sequence\x12\x12\n\nprompt_ids\x18\x01 \x03(\x05\x12\x14\n\x0cresponse_ids\x18\x02 \x03(\x05\x12\x18\n\x10rollout_logprobs\x18\x03 \x03(\x02\x12\x11\n\tadvantage\x18\x04 \x01(\x02\x12\x15\n\rtrajectory_id\x18\x05 \x01(\t\"k\n\x0cTrainRequest\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12$\n\tsequences\x18\x02 \x03(\x0b\x32\x11.grpo.v1.Sequence\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\"\x87\x01\n\nTrainReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x31\n\x07metrics\x18\x02 \x03(\x0b\x32 .grpo.v1.TrainReply.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"L\n\x0fLogprobsRequest\x12$\n\tsequences\x18\x01 \x03(\x0b\x32\x11.grpo.v1.Sequence\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\"\x1f\n\rTokenLogprobs\x12\x0e\n\x06values\x18\x01 \x03(\x02\"Q\n\rLogprobsReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12(\n\x08logprobs\x18\x02 \x03(\x0b\x32\x16.grpo.v1.TokenLogprobs\"1\n\x0bSaveRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x14\n\x0cweights_only\x18\x02 \x01(\x08\"\x99\x01\n\tSaveReply\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x34\n\tchecksums\x18\x03 \x03(\x0b\x32!.grpo.v1.SaveReply.ChecksumsEntry\x1a\x30\n\x0e\x43hecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1b\n\x0bLoadRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"#\n\tLoadReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\"*\n\x15PublishWeightsRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\"\xa4\x03\n\x13PublishWeightsReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x15\n\rpayload_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07refit_s\x18\x03 \x01(\x01\x12\x10\n\x08\x63hecksum\x18\x04 \x01(\t\x12\x15\n\rnum_endpoints\x18\x05 \x01(\r\x12O\n\x12received_checksums\x18\x06 \x03(\x0b\x32\x33.grpo.v1.PublishWeightsReply.ReceivedChecksumsEntry\x12\x1d\n\x15num_readback_verified\x18\x07 \x01(\r\x12\x10\n\x08gather_s\x18\x08 \x01(\x01\x12\x39\n\x07\x61pply_s\x18\t \x03(\x0b\x32(.grpo.v1.PublishWeightsReply.ApplySEntry\x1a\x38\n\x16ReceivedChecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a-\n\x0b\x41pplySEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xb7\x02\n\x07Trainer\x12\x33\n\x05Train\x12\x15.grpo.v1.TrainRequest\x1a\x13.grpo.v1.TrainReply\x12\x43\n\x0f\x43omputeLogprobs\x12\x18.grpo.v1.LogprobsRequest\x1a\x16.grpo.v1.LogprobsReply\x12\x30\n\x04Save\x12\x14.grpo.v1.SaveRequest\x1a\x12.grpo.v1.SaveReply\x12\x30\n\x04Load\x12\x14.grpo.v1.LoadRequest\x1a\x12.grpo.v1.LoadReply\x12N\n\x0ePublishWeights\x12\x1e.grpo.v1.PublishWeightsRequest\x1a\x1c.grpo.v1.PublishWeightsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,35 +42,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEQUENCE']._serialized_start=41
   _globals['_SEQUENCE']._serialized_end=161
   _globals['_TRAINREQUEST']._serialized_start=163
-  _globals['_TRAINREQUEST']._serialized_end=250
-  _globals['_TRAINREPLY']._serialized_start=253
-  _globals['_TRAINREPLY']._serialized_end=388
-  _globals['_TRAINREPLY_METRICSENTRY']._serialized_start=342
-  _globals['_TRAINREPLY_METRICSENTRY']._serialized_end=388
-  _globals['_LOGPROBSREQUEST']._serialized_start=390
-  _globals['_LOGPROBSREQUEST']._serialized_end=466
-  _globals['_TOKENLOGPROBS']._serialized_start=468
-  _globals['_TOKENLOGPROBS']._serialized_end=499
-  _globals['_LOGPROBSREPLY']._serialized_start=501
-  _globals['_LOGPROBSREPLY']._serialized_end=582
-  _globals['_SAVEREQUEST']._serialized_start=584
-  _globals['_SAVEREQUEST']._serialized_end=633
-  _globals['_SAVEREPLY']._serialized_start=636
-  _globals['_SAVEREPLY']._serialized_end=789
-  _globals['_SAVEREPLY_CHECKSUMSENTRY']._serialized_start=741
-  _globals['_SAVEREPLY_CHECKSUMSENTRY']._serialized_end=789
-  _globals['_LOADREQUEST']._serialized_start=791
-  _globals['_LOADREQUEST']._serialized_end=818
-  _globals['_LOADREPLY']._serialized_start=820
-  _globals['_LOADREPLY']._serialized_end=855
-  _globals['_PUBLISHWEIGHTSREQUEST']._serialized_start=857
-  _globals['_PUBLISHWEIGHTSREQUEST']._serialized_end=899
-  _globals['_PUBLISHWEIGHTSREPLY']._serialized_start=902
-  _globals['_PUBLISHWEIGHTSREPLY']._serialized_end=1322
-  _globals['_PUBLISHWEIGHTSREPLY_RECEIVEDCHECKSUMSENTRY']._serialized_start=1219
-  _globals['_PUBLISHWEIGHTSREPLY_RECEIVEDCHECKSUMSENTRY']._serialized_end=1275
-  _globals['_PUBLISHWEIGHTSREPLY_APPLYSENTRY']._serialized_start=1277
-  _globals['_PUBLISHWEIGHTSREPLY_APPLYSENTRY']._serialized_end=1322
-  _globals['_TRAINER']._serialized_start=1325
-  _globals['_TRAINER']._serialized_end=1636
+  _globals['_TRAINREQUEST']._serialized_end=270
+  _globals['_TRAINREPLY']._serialized_start=273
+  _globals['_TRAINREPLY']._serialized_end=408
+  _globals['_TRAINREPLY_METRICSENTRY']._serialized_start=362
+  _globals['_TRAINREPLY_METRICSENTRY']._serialized_end=408
+  _globals['_LOGPROBSREQUEST']._serialized_start=410
+  _globals['_LOGPROBSREQUEST']._serialized_end=486
+  _globals['_TOKENLOGPROBS']._serialized_start=488
+  _globals['_TOKENLOGPROBS']._serialized_end=519
+  _globals['_LOGPROBSREPLY']._serialized_start=521
+  _globals['_LOGPROBSREPLY']._serialized_end=602
+  _globals['_SAVEREQUEST']._serialized_start=604
+  _globals['_SAVEREQUEST']._serialized_end=653
+  _globals['_SAVEREPLY']._serialized_start=656
+  _globals['_SAVEREPLY']._serialized_end=809
+  _globals['_SAVEREPLY_CHECKSUMSENTRY']._serialized_start=761
+  _globals['_SAVEREPLY_CHECKSUMSENTRY']._serialized_end=809
+  _globals['_LOADREQUEST']._serialized_start=811
+  _globals['_LOADREQUEST']._serialized_end=838
+  _globals['_LOADREPLY']._serialized_start=840
+  _globals['_LOADREPLY']._serialized_end=875
+  _globals['_PUBLISHWEIGHTSREQUEST']._serialized_start=877
+  _globals['_PUBLISHWEIGHTSREQUEST']._serialized_end=919
+  _globals['_PUBLISHWEIGHTSREPLY']._serialized_start=922
+  _globals['_PUBLISHWEIGHTSREPLY']._serialized_end=1342
+  _globals['_PUBLISHWEIGHTSREPLY_RECEIVEDCHECKSUMSENTRY']._serialized_start=1239
+  _globals['_PUBLISHWEIGHTSREPLY_RECEIVEDCHECKSUMSENTRY']._serialized_end=1295
+  _globals['_PUBLISHWEIGHTSREPLY_APPLYSENTRY']._serialized_start=1297
+  _globals['_PUBLISHWEIGHTSREPLY_APPLYSENTRY']._serialized_end=1342
+  _globals['_TRAINER']._serialized_start=1345
+  _globals['_TRAINER']._serialized_end=1656
 # @@protoc_insertion_point(module_scope)

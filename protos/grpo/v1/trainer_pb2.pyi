@@ -21,14 +21,16 @@ class Sequence(_message.Message):
     def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., trajectory_id: _Optional[str] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
-    __slots__ = ("step", "sequences", "temperature")
+    __slots__ = ("step", "sequences", "temperature", "max_tokens")
     STEP_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     step: int
     sequences: _containers.RepeatedCompositeFieldContainer[Sequence]
     temperature: float
-    def __init__(self, step: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ..., temperature: _Optional[float] = ...) -> None: ...
+    max_tokens: int
+    def __init__(self, step: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[Sequence, _Mapping]]] = ..., temperature: _Optional[float] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class TrainReply(_message.Message):
     __slots__ = ("policy_version", "metrics")

@@ -225,8 +225,6 @@ def build(cfg: RunConfig, device: torch.device) -> MegatronEngine:
     trainer = cfg.trainer
     if device.type != "cuda":
         raise ValueError("trainer.backend=megatron needs a CUDA GPU per rank (megatron-core runs forward on CUDA)")
-    if trainer.loss == "dr_grpo" and not trainer.dr_grpo_norm_tokens:
-        trainer = trainer.model_copy(update={"dr_grpo_norm_tokens": cfg.coordinator.max_tokens})
     return assemble(trainer, Path(cfg.model.path), device, cfg.run.seed)
 
 
