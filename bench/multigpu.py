@@ -108,6 +108,8 @@ def run_grpo(args, num_gpus: int, work: Path) -> Path:
         'run.run_id="multigpu"',
         f"run.num_steps={args.steps}",
         f'model.path="{work / "model"}"',
+        "model.create=true",
+        "coordinator.ignore_eos=true",  # every response max_tokens long: the same work in every run
         f"model.hidden_size={args.hidden}",
         f"model.num_layers={args.layers}",
         f"model.num_heads={args.heads}",

@@ -113,7 +113,7 @@ class CoordinatorSection(_Section):
     """Prompts per GRPO step."""
     num_samples: int = Field(default=8, ge=2)
     """Completions sampled per prompt (the GRPO group)."""
-    max_tokens: int = Field(default=8, ge=1)
+    max_tokens: int = Field(default=128, ge=1)
     """Maximum generated tokens per completion."""
     temperature: float = Field(default=1.0, gt=0.0)
     """Sampling temperature. On-policy at any value: the engines report, and the trainer scores, each token's
@@ -121,8 +121,8 @@ class CoordinatorSection(_Section):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass; only 1.0 is accepted: the trainer cannot score a token under the renormalised
     nucleus, so top_p < 1 would train off-policy with a silently wrong ratio."""
-    ignore_eos: bool = True
-    """Generate exactly max_tokens (the built-in task scores fixed-length answers)."""
+    ignore_eos: bool = False
+    """Generate exactly max_tokens, past EOS (only the built-in toy task wants it: it scores fixed-length answers)."""
     advantage: Literal["grpo", "dr_grpo"] = "grpo"
     """Group-relative advantage: grpo ((r - mean) / std within the group) or dr_grpo (r - mean, no std division).
     Unset, it follows trainer.loss = "dr_grpo" (the pairing Dr.GRPO's paper uses)."""
@@ -149,7 +149,7 @@ class RolloutSection(_Section):
     """gRPC port of worker 0 (worker i uses grpc_port + i); 0 = free ports at launch."""
     lease_timeout_s: float = Field(default=60.0, gt=0)
     """Idle time after which another worker claims a pending prompt of a dead one."""
-    max_model_len: int = Field(default=256, ge=16)
+    max_model_len: int = Field(default=512, ge=16)
     """Engine context length: a prompt plus coordinator.max_tokens must fit (checked before the run starts)."""
     max_num_seqs: int = Field(default=64, ge=1)
     """Sequences (prompts x samples) a worker hands to the engine in one call; it claims prompts until they fill
@@ -178,8 +178,8 @@ class TrainerSection(_Section):
     only makes the ranks and the rollout workers fight over the cores."""
     grpc_port: int = Field(default=0, ge=0, le=65535)
     """gRPC port served by rank 0; 0 = a free port chosen at launch."""
-    lr: float = Field(default=3e-3, gt=0)
-    """AdamW learning rate."""
+    lr: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate (1e-6 is verl's and TRL's GRPO default; small models take 1e-5)."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
     max_grad_norm: float = Field(default=1.0, gt=0)

@@ -35,6 +35,8 @@ def test_grpo_steps_on_the_gpu(tmp_path, tiny_model, backend, transport):
         "rollout.engine=hf",
         "trainer.num_ranks=1",
         "coordinator.num_prompts=8",
+        "coordinator.max_tokens=8",
+        "coordinator.ignore_eos=true",
         f'trainer.backend="{backend}"',
         f'weightsync.transport="{transport}"',
         *(['trainer.dtype="bfloat16"'] if backend == "megatron" else []),

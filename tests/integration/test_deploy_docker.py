@@ -27,7 +27,9 @@ def _config(files: list[Path], env: dict[str, str]) -> subprocess.CompletedProce
 
 def _project(tmp_path: Path, gpus: int) -> tuple[dict, dict[str, str]]:
     """The compose model `make up` would start on a host with this many GPUs."""
-    cfg = load_config(None, ["run.run_id=dock", f"run.output_dir={tmp_path}", "trainer.num_ranks=2"])
+    cfg = load_config(
+        None, ["run.run_id=dock", f"run.output_dir={tmp_path}", "trainer.num_ranks=2", "model.create=true"]
+    )
     plan = place(cfg, Cluster("docker", ("localhost",), gpus))
     override = tmp_path / "compose.gpus.yaml"
     override.write_text(gpu_override(plan))

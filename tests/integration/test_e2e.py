@@ -39,8 +39,9 @@ def _launch(tmp_path: Path, tiny_model: Path, *overrides: str) -> subprocess.Pop
         f"coordinator.num_samples={NUM_SAMPLES}",
         *overrides,
     ]
+    config = ["--config", str(Path(__file__).resolve().parents[2] / "deploy" / "configs" / "local.toml")]
     return subprocess.Popen(
-        [sys.executable, "-m", "deploy.local", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "deploy.local", *config, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
 
 
