@@ -24,6 +24,10 @@ class RunSection(_Section):
     """GRPO steps to run before stopping."""
     seed: int = 0
     """Seed of prompt sampling, model creation and sampling."""
+    train_minutes: float = Field(default=0.0, ge=0)
+    """A time budget: the step during which the run's training time (its steps' timing/total_s, evaluations
+    excluded) passes this many minutes is the last one, and it evaluates and saves as a last step does;
+    0 = run.num_steps only."""
     eval_every: int = Field(default=10, ge=0)
     """Evaluate the held-out prompts every this many steps (and at step 0 and the last step); 0 = only those two."""
     eval_k: int = Field(default=0, ge=0)

@@ -179,6 +179,11 @@ def load_reward(name: str) -> RewardFn:
     return fn
 
 
+def full_marks(score: float) -> bool:
+    """A completion counts as correct (eval/accuracy, pass@k) when its correctness reward gave full marks."""
+    return score >= 1.0 - 1e-6
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The runner
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from protos.grpo.v1 import queue_pb2
+from services.common.rewards import full_marks
 
 
 def is_correct(t: queue_pb2.Trajectory, correctness: str) -> bool:
-    """A completion counts as correct when the correctness reward (the first of task.rewards) gave it full marks."""
-    return t.reward_components.get(correctness, t.reward) >= 1.0 - 1e-6
+    """Full marks from the correctness reward (the first of task.rewards)."""
+    return full_marks(t.reward_components.get(correctness, t.reward))
 
 
 def eval_metrics(

@@ -38,6 +38,8 @@ class GrpoLoop:
         loggers = make_loggers(cfg.run.loggers, run_dir, state.run_id, cfg.model_dump())
         self.metrics = MetricsLog(run_dir, loggers)
         self.samples = SampleLog(run_dir)
+        self.train_s = 0.0
+        """Seconds of the steps so far, evaluations excluded: what run.train_minutes budgets."""
 
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
@@ -50,6 +52,12 @@ class GrpoLoop:
         train = self.train(step, sequences)
         refit = self.refit(step)
         m = self.step_metrics(step, start, generation_s, groups, train, refit)
+        self.train_s += m["timing/total_s"]
+        m["time/train_s"] = self.train_s
+        budget_s = self.cfg.run.train_minutes * 60
+        if budget_s and self.train_s >= budget_s:
+            with self.state.lock:
+                self.state.num_steps = step  # this step is the last: it evaluates and saves
         self.samples.write(step, prompts, groups, self.cfg.run.samples_per_step)
         if self.eval_due(step):
             m.update(self.evaluate(step))

@@ -1,0 +1,165 @@
+"""The TRL side of bench/vs_trl.py: TRL's GRPOTrainer in one process on the same model, prompts, reward and held-out
+evaluation as the services. Run by vs_trl.py with TRL on PYTHONPATH (installed into its own folder); prints one
+JSON line per evaluation and a summary line, each prefixed with RESULT.
+
+Same as ours: the prompts and their rendering (services.common.tasks: load_task, PromptRenderer's system prompt
+and chat template), the reward (services.common.rewards.BUILTIN[...]) and what counts as correct
+(rewards.full_marks). Evaluation: greedy, max_tokens new tokens, every eval_every steps, its time kept apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from services.common.config import RunConfig  # noqa: E402
+from services.common.rewards import BUILTIN, full_marks  # noqa: E402
+from services.common.tasks import Prompt, PromptRenderer, load_task  # noqa: E402
+
+
+def emit(kind: str, **fields) -> None:
+    print("RESULT" + json.dumps({"kind": kind, **fields}), flush=True)
+
+
+def messages(renderer: PromptRenderer, p: Prompt) -> list[dict] | str:
+    """TRL renders conversational prompts with the tokenizer's chat template itself; raw prompts stay text."""
+    return renderer.messages(p) if renderer.uses_template else p.text
+
+
+def evaluate(model, renderer: PromptRenderer, prompts: list[Prompt], reward, max_tokens: int) -> dict:
+    import torch
+
+    tok = renderer.tokenizer
+    ids = [renderer.ids(p) for p in prompts]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    width = max(len(i) for i in ids)
+    batch = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
+    mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=batch, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False, pad_token_id=pad
+        )
+    model.train(was_training)
+    texts = [tok.decode(row[width:], skip_special_tokens=True) for row in out]
+    scores = [reward(p.text, t, p.answer, dict(p.metadata)) for p, t in zip(prompts, texts)]
+    lengths = [int((row[width:] != pad).sum()) for row in out]
+    return {
+        "accuracy": sum(full_marks(s) for s in scores) / len(scores),
+        "mean_length": sum(lengths) / len(lengths),
+        "samples": [{"prompt": p.text, "completion": t, "reward": s} for p, t, s in zip(prompts[:4], texts, scores)],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, help="the resolved run config both sides use (TOML)")
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="as the reference TRL run")
+    args = parser.parse_args()
+    cfg = RunConfig.model_validate(tomllib.loads(Path(args.config).read_text()))
+
+    import torch
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    torch.set_num_threads(cfg.trainer.num_threads)
+    torch.manual_seed(cfg.run.seed)
+    c, run = cfg.coordinator, cfg.run
+    data = load_task(cfg.task)
+    renderer = PromptRenderer(cfg.model.path, cfg.task.system_prompt, cfg.task.chat_template)
+    [reward_name] = cfg.task.reward_weights()
+    reward = BUILTIN[reward_name]
+    rows = {
+        "prompt": [messages(renderer, p) for p in data.train],
+        "answer": [p.answer for p in data.train],
+        "metadata_json": [json.dumps(p.metadata) for p in data.train],
+    }
+
+    def reward_fn(prompts, completions, answer, metadata_json, **_):
+        texts = [x[-1]["content"] if isinstance(x, list) else x for x in completions]
+        return [
+            reward("", t, a, {**json.loads(m), "num_tokens": 0, "finish_reason": ""})
+            for t, a, m in zip(texts, answer, metadata_json)
+        ]
+
+    budget_s = run.train_minutes * 60
+
+    class Clock(TrainerCallback):
+        """Training seconds from the first step, evaluations excluded; evaluates every eval_every steps."""
+
+        def __init__(self):
+            self.start, self.eval_s, self.model = time.monotonic(), 0.0, None
+
+        def train_s(self) -> float:
+            return time.monotonic() - self.start - self.eval_s
+
+        def record(self, step: int) -> None:
+            started = time.monotonic()
+            result = evaluate(self.model, renderer, data.eval, reward, c.max_tokens)
+            self.eval_s += time.monotonic() - started
+            emit("eval", step=step, train_s=self.train_s(), eval_s=time.monotonic() - started, **result)
+
+        def on_train_begin(self, args, state, control, model=None, **_):
+            self.model = model
+            self.record(0)
+            self.start, self.eval_s = time.monotonic(), 0.0
+
+        def on_step_end(self, args, state, control, **_):
+            emit("step", step=state.global_step, train_s=self.train_s())
+            if budget_s and self.train_s() >= budget_s:
+                control.should_training_stop = True
+            if state.global_step % run.eval_every == 0 or control.should_training_stop:
+                self.record(state.global_step)
+
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    tok = renderer.tokenizer
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    config = trl.GRPOConfig(
+        output_dir=str(Path(args.work) / "trl"),
+        num_generations=c.num_samples,
+        per_device_train_batch_size=c.num_prompts * c.num_samples,
+        max_completion_length=c.max_tokens,
+        temperature=c.temperature,
+        learning_rate=cfg.trainer.lr,
+        beta=cfg.trainer.kl_beta,
+        loss_type=cfg.trainer.loss if cfg.trainer.loss != "gspo" else "grpo",
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        gradient_checkpointing=args.gradient_checkpointing,
+        scale_rewards="group",
+        max_steps=run.num_steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=run.seed,
+        use_cpu=True,
+        bf16=False,
+        disable_tqdm=True,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=[reward_fn],
+        args=config,
+        train_dataset=Dataset.from_dict(rows),
+        processing_class=tok,
+        callbacks=[Clock()],
+    )
+    start = time.monotonic()
+    trainer.train()
+    emit("done", trl_version=trl.__version__, wall_s=time.monotonic() - start)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

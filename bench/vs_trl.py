@@ -1,0 +1,197 @@
+"""Head-to-head with TRL's GRPOTrainer on the same real task, machine, model, prompts, reward and evaluation: TRL
+first, then this system through every service (the path `make run` takes), each for the same training budget.
+
+    .venv/bin/python bench/vs_trl.py                                # 20 min a side: bench/results/vs_trl_cpu.json
+    .venv/bin/python bench/vs_trl.py --minutes 10 --ours-args trainer.lr=3e-5   # a tuning try on our side
+    .venv/bin/python bench/vs_trl.py --smoke                        # tiny random model, a few steps (CI)
+
+TRL (pinned below) is installed into its own folder (bench/.trl-<version>, ignored by git) and put on the TRL
+process's PYTHONPATH only, so the project's environment stays as it is. Both sides read the one resolved config
+(deploy/configs/vs_trl_arithmetic.toml plus overrides), render prompts with the same PromptRenderer, score with
+the same reward function and count a completion correct by the same rule. Curves are held-out greedy accuracy
+against training seconds from the first step; evaluation time is measured and reported apart, not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from services.common.config import RunConfig, dump_toml, load_config  # noqa: E402
+
+TRL_VERSION = "1.16.0"
+CONFIG = REPO / "deploy" / "configs" / "vs_trl_arithmetic.toml"
+TARGET = 0.5
+
+
+def install_trl() -> Path:
+    """TRL without its dependencies (this environment already has every one of them) in a folder of its own."""
+    target = REPO / "bench" / f".trl-{TRL_VERSION}"
+    if not (target / "trl" / "__init__.py").exists():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), f"trl=={TRL_VERSION}"],
+            check=True,
+        )
+    return target
+
+
+def run_trl(cfg_path: Path, work: Path, trl_dir: Path, gradient_checkpointing: bool) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": f"{trl_dir}{os.pathsep}{REPO}"}
+    env.pop("OMP_NUM_THREADS", None)  # the script sets trainer.num_threads, as our trainer does
+    cmd = [sys.executable, str(REPO / "bench" / "trl_side.py"), "--config", str(cfg_path), "--work", str(work)]
+    cmd += ["--gradient-checkpointing"] if gradient_checkpointing else []
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    results = [json.loads(line[6:]) for line in out.stdout.splitlines() if line.startswith("RESULT")]
+    if out.returncode != 0 or not any(r["kind"] == "done" for r in results):
+        raise RuntimeError(f"TRL side failed ({out.returncode}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return results
+
+
+def run_ours(cfg: RunConfig, work: Path) -> tuple[list[dict], Path]:
+    run_dir = work / "ours"
+    cfg_path = work / "ours.toml"
+    cfg = cfg.model_copy(deep=True)
+    cfg.run.output_dir, cfg.run.run_id = str(work), "ours"
+    cfg_path.write_text(dump_toml(cfg))
+    out = subprocess.run(
+        [sys.executable, "-m", "deploy.local", "--config", str(cfg_path)], capture_output=True, text=True, cwd=REPO
+    )
+    if out.returncode != 0:
+        logs = "".join(p.read_text(errors="replace")[-2000:] for p in sorted((run_dir / "logs").glob("*.log")))
+        raise RuntimeError(f"our side failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}\n{logs}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows, run_dir
+
+
+def trl_curve(results: list[dict]) -> list[dict]:
+    return [
+        {"step": r["step"], "train_s": round(r["train_s"], 2), "accuracy": r["accuracy"], "eval_s": r["eval_s"]}
+        for r in results
+        if r["kind"] == "eval"
+    ]
+
+
+def ours_curve(rows: list[dict]) -> list[dict]:
+    return [
+        {
+            "step": int(r["step"]),
+            "train_s": round(r.get("time/train_s", 0.0), 2),
+            "accuracy": r["eval/accuracy"],
+            "eval_s": r["timing/eval_s"],
+        }
+        for r in rows
+        if "eval/accuracy" in r
+    ]
+
+
+def seconds_to(curve: list[dict], target: float) -> float | None:
+    return next((p["train_s"] for p in curve if p["accuracy"] >= target), None)
+
+
+def final_accuracy(curve: list[dict]) -> float:
+    """The mean of the last three evaluations: 100 held-out prompts move by ~5 points from one to the next."""
+    last = [p["accuracy"] for p in curve[-3:]]
+    return sum(last) / len(last)
+
+
+def step_breakdown(rows: list[dict]) -> dict[str, float]:
+    steps = [r for r in rows if "timing/total_s" in r]
+    keys = ("timing/total_s", "timing/generation_s", "timing/policy_training_s", "timing/refit_s", "timing/logprobs_s")
+    return {k: sorted(r[k] for r in steps)[len(steps) // 2] for k in keys}
+
+
+def compare(cfg: RunConfig, trl: list[dict], ours: list[dict]) -> dict:
+    tc, oc = trl_curve(trl), ours_curve(ours)
+    trl_t, ours_t = seconds_to(tc, TARGET), seconds_to(oc, TARGET)
+    trl_steps = [r for r in trl if r["kind"] == "step"]
+    return {
+        "task": f"reasoning_gym/{cfg.task.generator}" if cfg.task.name == "reasoning_gym" else cfg.task.name,
+        "task_config": cfg.task.generator_config,
+        "target_accuracy": TARGET,
+        "trl_seconds_to_target": trl_t,
+        "ours_seconds_to_target": ours_t,
+        "time_ratio": ours_t / trl_t if trl_t and ours_t else None,
+        "trl_final_accuracy": final_accuracy(tc),
+        "ours_final_accuracy": final_accuracy(oc),
+        "trl_seconds_per_step": trl_steps[-1]["train_s"] / trl_steps[-1]["step"] if trl_steps else None,
+        "ours_step_breakdown_median_s": step_breakdown(ours),
+        "trl_curve": tc,
+        "ours_curve": oc,
+        "hyperparameters": {
+            "prompts_per_step": cfg.coordinator.num_prompts,
+            "samples_per_prompt": cfg.coordinator.num_samples,
+            "max_tokens": cfg.coordinator.max_tokens,
+            "temperature": cfg.coordinator.temperature,
+            "lr": cfg.trainer.lr,
+            "loss": cfg.trainer.loss,
+            "train_minutes": cfg.run.train_minutes,
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=20.0, help="training budget of each side")
+    parser.add_argument("--smoke", action="store_true", help="tiny random model, 3 steps a side, /tmp output")
+    parser.add_argument("--args", nargs="*", default=[], help="overrides for both sides")
+    parser.add_argument("--ours-args", nargs="*", default=[], help="overrides for our side only (tuning)")
+    parser.add_argument(
+        "--trl-no-gradient-checkpointing", action="store_true", help="TRL without it (the reference run had it on)"
+    )
+    parser.add_argument("--skip-trl", action="store_true", help="reuse the TRL results in --out (tuning ours)")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="vs-trl-"))
+    overrides = [f"run.train_minutes={args.minutes}", *args.args]
+    if args.smoke:
+        from services.common.config import ModelSection
+        from services.common.tinymodel import create_tiny_model
+
+        model = create_tiny_model(ModelSection(path=str(work / "tiny")), seed=0)
+        overrides += [f'model.path="{model}"', "task.chat_template=false", "task.train_size=64", "task.eval_size=4"]
+        overrides += ["run.num_steps=3", "run.eval_every=2", "run.train_minutes=0", "coordinator.max_tokens=8"]
+    else:
+        from services.common.models import build_model
+
+        overrides.append(f'model.path="{build_model("smollm2-135m-instruct", REPO / "runs" / "models")}"')
+    cfg = load_config(CONFIG, overrides)
+    out = Path(args.out or ("/tmp/vs_trl_smoke.json" if args.smoke else REPO / "bench" / "results" / "vs_trl_cpu.json"))
+
+    if args.skip_trl:
+        trl = json.loads(out.read_text())["trl_raw"]
+    else:
+        cfg_path = work / "trl.toml"
+        cfg_path.write_text(dump_toml(cfg))
+        started = time.monotonic()
+        trl = run_trl(cfg_path, work, install_trl(), not args.trl_no_gradient_checkpointing)
+        print(f"TRL side done in {time.monotonic() - started:.0f} s", flush=True)
+    ours_cfg = load_config(CONFIG, [*overrides, *args.ours_args])
+    started = time.monotonic()
+    ours, _ = run_ours(ours_cfg, work)
+    print(f"our side done in {time.monotonic() - started:.0f} s", flush=True)
+
+    result = {
+        **compare(ours_cfg, trl, ours),
+        "trl_version": TRL_VERSION,
+        "ours_overrides": args.ours_args,
+        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+        "trl_raw": trl,
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith(("curve", "raw"))}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
