@@ -117,7 +117,7 @@ class Engine:
             steps.append(self._step(self._plan(seqs[lo:hi]), part))
         metrics = {k: sum(m[k] for m in steps) / len(steps) for k in steps[0]}
         rollout_N = torch.tensor([lp for lps in rollout for lp in lps], device=old_N.device)
-        metrics["mismatch/mult_prob_error"] = mult_prob_error(old_N, rollout_N, torch.ones_like(old_N)).item()
+        metrics["mismatch/mult_prob_error"] = mult_prob_error(old_N, rollout_N).item()
         return metrics
 
     @property
@@ -273,7 +273,7 @@ class Engine:
         grad_norm = self._clip_and_step()
         dist.all_reduce(sums_4)
         dist.all_reduce(old_N)  # each token was written by exactly one rank
-        mismatch = mult_prob_error(old_N, batch.rollout_logp_N, torch.ones_like(old_N)).item()
+        mismatch = mult_prob_error(old_N, batch.rollout_logp_N).item()
         metrics = self._loss_metrics(sums_4, old_N.numel())
         return {**metrics, "grad_norm": grad_norm, "mismatch/mult_prob_error": mismatch}
 

@@ -52,20 +52,17 @@ class TokenTerms:
     is_weight_R: Tensor
 
 
-def policy_loss(cfg: TrainerSection, x: TokenInputs, mask_R: Tensor) -> Tensor:
+def policy_loss(cfg: TrainerSection, x: TokenInputs) -> Tensor:
     """The clipped surrogate of cfg.loss, per token."""
     if cfg.loss in ("grpo", "dr_grpo"):
-        return grpo_token_loss(x.logp_R, x.old_logp_R, x.advantages_R, mask_R, cfg.clip_eps)
+        return grpo_token_loss(x.logp_R, x.old_logp_R, x.advantages_R, cfg.clip_eps)
     if cfg.loss == "dapo":
-        return clip_higher_token_loss(
-            x.logp_R, x.old_logp_R, x.advantages_R, mask_R, cfg.clip_eps_low, cfg.clip_eps_high
-        )
+        return clip_higher_token_loss(x.logp_R, x.old_logp_R, x.advantages_R, cfg.clip_eps_low, cfg.clip_eps_high)
     if cfg.loss == "gspo":
         return gspo_token_loss(
             x.logp_R,
             x.old_logp_R,
             x.advantages_R,
-            mask_R,
             x.segment_R,
             x.num_segments,
             cfg.clip_eps_low,
@@ -74,30 +71,27 @@ def policy_loss(cfg: TrainerSection, x: TokenInputs, mask_R: Tensor) -> Tensor:
     raise ValueError(f"trainer.loss must be one of {LOSSES}, got {cfg.loss!r}")
 
 
-def importance_weights(cfg: TrainerSection, x: TokenInputs, mask_R: Tensor) -> Tensor:
+def importance_weights(cfg: TrainerSection, x: TokenInputs) -> Tensor:
     """Truncated IS weights of cfg.importance_sampling, per token (1 when off)."""
     if cfg.importance_sampling == "off":
         return torch.ones_like(x.logp_R)
     if cfg.importance_sampling == "token":
         return token_is_weights(x.old_logp_R, x.rollout_logp_R, cfg.is_truncation)
     if cfg.importance_sampling == "sequence":
-        return sequence_is_weights(
-            x.old_logp_R, x.rollout_logp_R, mask_R, x.segment_R, x.num_segments, cfg.is_truncation
-        )
+        return sequence_is_weights(x.old_logp_R, x.rollout_logp_R, x.segment_R, x.num_segments, cfg.is_truncation)
     raise ValueError(f"trainer.importance_sampling must be off, token or sequence, got {cfg.importance_sampling!r}")
 
 
 def token_objective(cfg: TrainerSection, x: TokenInputs) -> TokenTerms:
     """Per-token loss to be summed with loss_weights; also the per-token KL and IS weight for metrics."""
-    mask_R = torch.ones_like(x.logp_R)
-    is_weight_R = importance_weights(cfg, x, mask_R)
-    loss_R = is_weight_R * policy_loss(cfg, x, mask_R)
+    is_weight_R = importance_weights(cfg, x)
+    loss_R = is_weight_R * policy_loss(cfg, x)
     kl_R = torch.zeros_like(loss_R)
     if x.ref_logp_R is not None:
         kl_R = (k3_kl if cfg.kl_estimator == "k3" else k1_kl)(x.logp_R, x.ref_logp_R)
         loss_R = loss_R + cfg.kl_beta * kl_R
     if x.entropy_R is not None:
-        loss_R = loss_R + entropy_bonus_token_loss(x.entropy_R, mask_R, cfg.entropy_coef)
+        loss_R = loss_R + entropy_bonus_token_loss(x.entropy_R, cfg.entropy_coef)
     return TokenTerms(loss_R, kl_R, is_weight_R)
 
 

@@ -48,7 +48,7 @@ def hf_logprobs(model_dir: Path, seqs, device) -> list[torch.Tensor]:
 
 def mpe(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     x, y = torch.cat(a), torch.cat(b)
-    return mult_prob_error(x, y, torch.ones_like(x)).item()
+    return mult_prob_error(x, y).item()
 
 
 def main() -> None:

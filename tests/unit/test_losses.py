@@ -28,8 +28,8 @@ def test_token_logprobs_matches_logsumexp_loop():
 def test_grpo_token_loss_matches_case_by_case_formula():
     n, eps = 64, 0.2
     logp, old = _rand(n, 1, 0.5), _rand(n, 2, 0.5)
-    adv, mask = _rand(n, 3), [float(i % 3 != 0) for i in range(n)]
-    got = grpo_token_loss(*(torch.tensor(x, dtype=torch.float64) for x in (logp, old, adv, mask)), clip_eps=eps)
+    adv = _rand(n, 3)
+    got = grpo_token_loss(*(torch.tensor(x, dtype=torch.float64) for x in (logp, old, adv)), clip_eps=eps)
     for i in range(n):
         r = math.exp(logp[i] - old[i])
         # Written as the PPO case analysis instead of min(): a positive advantage is capped at 1+eps,
@@ -38,14 +38,14 @@ def test_grpo_token_loss_matches_case_by_case_formula():
             surrogate = min(r, 1 + eps) * adv[i]
         else:
             surrogate = max(r, 1 - eps) * adv[i]
-        assert abs(got[i].item() - (-surrogate * mask[i])) < 1e-6
+        assert abs(got[i].item() - (-surrogate)) < 1e-6
 
 
 def test_grpo_token_loss_gradient_vanishes_outside_the_clip_range():
     logp = torch.tensor([0.5, -0.5, 0.0], requires_grad=True)
     old = torch.zeros(3)
     adv = torch.tensor([1.0, -1.0, 1.0])
-    grpo_token_loss(logp, old, adv, torch.ones(3), clip_eps=0.2).sum().backward()
+    grpo_token_loss(logp, old, adv, clip_eps=0.2).sum().backward()
     # ratio e^0.5 > 1.2 with A > 0 and e^-0.5 < 0.8 with A < 0 are clipped; ratio 1 is not.
     assert logp.grad.tolist() == pytest.approx([0.0, 0.0, -1.0])
 
@@ -61,12 +61,11 @@ def test_k3_kl_matches_formula_and_is_nonnegative():
 
 def test_mult_prob_error_matches_loop():
     a, b = _rand(40, 6, 0.3), _rand(40, 7, 0.3)
-    mask = [float(i % 4 != 1) for i in range(40)]
-    got = mult_prob_error(*(torch.tensor(x, dtype=torch.float64) for x in (a, b, mask))).item()
-    kept = [math.exp(abs(x - y)) for x, y, m in zip(a, b, mask) if m]
-    assert abs(got - sum(kept) / len(kept)) < 1e-6
+    got = mult_prob_error(*(torch.tensor(x, dtype=torch.float64) for x in (a, b))).item()
+    errors = [math.exp(abs(x - y)) for x, y in zip(a, b)]
+    assert abs(got - sum(errors) / len(errors)) < 1e-6
     same = torch.tensor(a)
-    assert mult_prob_error(same, same, torch.ones(40)).item() == 1.0
+    assert mult_prob_error(same, same).item() == 1.0
 
 
 def test_rank_split_is_balanced_and_microbatches_cover_every_sequence_once():

@@ -40,17 +40,16 @@ def _clipped_surrogate(ratio: float, adv: float, low: float, high: float) -> flo
 def test_clip_higher_matches_case_analysis_with_asymmetric_range():
     n, low, high = 80, 0.2, 0.28
     logp, old, adv = _rand(n, 1, 0.4), _rand(n, 2, 0.4), _rand(n, 3)
-    mask = [float(i % 5 != 0) for i in range(n)]
-    got = clip_higher_token_loss(_t(logp), _t(old), _t(adv), _t(mask), low, high)
+    got = clip_higher_token_loss(_t(logp), _t(old), _t(adv), low, high)
     for i in range(n):
-        expected = -_clipped_surrogate(math.exp(logp[i] - old[i]), adv[i], low, high) * mask[i]
+        expected = -_clipped_surrogate(math.exp(logp[i] - old[i]), adv[i], low, high)
         assert abs(got[i].item() - expected) < 1e-6
 
 
 def test_clip_higher_lets_ratios_between_the_two_bounds_keep_their_gradient():
     # ratio 1.25 is above 1 + 0.2 but below 1 + 0.28: clipped by GRPO, not by clip-higher.
     logp = torch.tensor([math.log(1.25), math.log(1.35)], requires_grad=True)
-    clip_higher_token_loss(logp, torch.zeros(2), torch.ones(2), torch.ones(2), 0.2, 0.28).sum().backward()
+    clip_higher_token_loss(logp, torch.zeros(2), torch.ones(2), 0.2, 0.28).sum().backward()
     assert logp.grad.tolist() == pytest.approx([-1.25, 0.0])
 
 
@@ -64,9 +63,7 @@ def test_gspo_value_and_gradient_match_the_sequence_level_objective():
     logp, old = _rand(n, 4, 0.004), _rand(n, 5, 0.004)
     adv = [a for a, k in zip([1.0, -0.5, 2.0, -1.5], lens) for _ in range(k)]
     logp_T = _t(logp, requires_grad=True)
-    loss_T = gspo_token_loss(
-        logp_T, _t(old), _t(adv), torch.ones(n, dtype=torch.float64), _segments(lens), 4, low, high
-    )
+    loss_T = gspo_token_loss(logp_T, _t(old), _t(adv), _segments(lens), 4, low, high)
     weights_T = sequence_mean_weights(torch.tensor(lens)).double()
     (loss_T * weights_T).sum().backward()
     start, num_clipped = 0, 0
@@ -98,14 +95,12 @@ def test_sequence_is_weights_use_the_product_over_each_sequence():
     n = sum(lens)
     old, rollout = _rand(n, 8, 0.3), _rand(n, 9, 0.3)
     old[-400:] = [o + 1.0 for o in old[-400:]]  # log weight ~400: exp overflows fp32, the weight is still 2
-    mask = [float(i % 7 != 3) for i in range(n)]
-    got = sequence_is_weights(_t(old).float(), _t(rollout).float(), _t(mask).float(), _segments(lens), 4, 1.5)
+    got = sequence_is_weights(_t(old).float(), _t(rollout).float(), _segments(lens), 4, 1.5)
     start = 0
     for k in lens:
         product = 1.0
         for t in range(start, start + k):
-            if mask[t]:
-                product *= math.exp(old[t]) / math.exp(rollout[t])
+            product *= math.exp(old[t]) / math.exp(rollout[t])
         for t in range(start, start + k):
             assert abs(got[t].item() - min(product, 1.5)) < 1e-6
         start += k

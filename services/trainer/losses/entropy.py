@@ -5,6 +5,6 @@ from __future__ import annotations
 from torch import Tensor
 
 
-def entropy_bonus_token_loss(entropy_T: Tensor, mask_T: Tensor, coef: float) -> Tensor:
+def entropy_bonus_token_loss(entropy_T: Tensor, coef: float) -> Tensor:
     """-coef * H per token (H from token_logprobs_and_entropy), so minimising the loss raises entropy."""
-    return -coef * entropy_T * mask_T
+    return -coef * entropy_T

@@ -7,12 +7,10 @@ from torch import Tensor
 from .dapo import clip_higher_token_loss
 
 
-def grpo_token_loss(
-    logp_T: Tensor, old_logp_T: Tensor, advantages_T: Tensor, mask_T: Tensor, clip_eps: float
-) -> Tensor:
-    """Per-token PPO clipped surrogate, negated for minimisation; masked tokens contribute 0.
+def grpo_token_loss(logp_T: Tensor, old_logp_T: Tensor, advantages_T: Tensor, clip_eps: float) -> Tensor:
+    """Per-token PPO clipped surrogate, negated for minimisation.
 
     Token-level (DAPO / Dr. GRPO style): the caller sums over tokens and divides by the batch's token
     count, so long responses are not down-weighted per token.
     """
-    return clip_higher_token_loss(logp_T, old_logp_T, advantages_T, mask_T, clip_eps, clip_eps)
+    return clip_higher_token_loss(logp_T, old_logp_T, advantages_T, clip_eps, clip_eps)

@@ -6,12 +6,12 @@ import torch
 from torch import Tensor
 
 
-def segment_mean(values_T: Tensor, mask_T: Tensor, segment_T: Tensor, num_segments: int) -> Tensor:
-    """Masked mean of values_T within each segment (sequence); one value per segment."""
+def segment_mean(values_T: Tensor, segment_T: Tensor, num_segments: int) -> Tensor:
+    """Mean of values_T within each segment (sequence); one value per segment."""
     sums_S = torch.zeros(num_segments, dtype=values_T.dtype, device=values_T.device)
     counts_S = torch.zeros_like(sums_S)
-    sums_S = sums_S.index_add(0, segment_T, values_T * mask_T)
-    counts_S = counts_S.index_add(0, segment_T, mask_T.to(values_T.dtype))
+    sums_S = sums_S.index_add(0, segment_T, values_T)
+    counts_S = counts_S.index_add(0, segment_T, torch.ones_like(values_T))
     return sums_S / counts_S.clamp(min=1.0)
 
 
@@ -19,7 +19,6 @@ def gspo_token_loss(
     logp_T: Tensor,
     old_logp_T: Tensor,
     advantages_T: Tensor,
-    mask_T: Tensor,
     segment_T: Tensor,
     num_segments: int,
     clip_eps_low: float,
@@ -31,9 +30,9 @@ def gspo_token_loss(
     s_i on each token and the gradient of the sequence mean of the token losses equals that of s_i.
     Aggregate with sequence-mean weights (1 / (num_sequences * len_i)) to get GSPO's objective.
     """
-    mean_log_ratio_S = segment_mean(logp_T - old_logp_T, mask_T, segment_T, num_segments)
+    mean_log_ratio_S = segment_mean(logp_T - old_logp_T, segment_T, num_segments)
     seq_ratio_T = torch.exp(mean_log_ratio_S)[segment_T]
     ratio_T = seq_ratio_T.detach() * torch.exp(logp_T - logp_T.detach())
     clipped_T = torch.clamp(ratio_T, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
     surrogate_T = torch.minimum(ratio_T * advantages_T, clipped_T * advantages_T)
-    return -surrogate_T * mask_T
+    return -surrogate_T

@@ -26,12 +26,11 @@ def token_is_weights(old_logp_T: Tensor, rollout_logp_T: Tensor, truncation: flo
 def sequence_is_weights(
     old_logp_T: Tensor,
     rollout_logp_T: Tensor,
-    mask_T: Tensor,
     segment_T: Tensor,
     num_segments: int,
     truncation: float,
 ) -> Tensor:
     """min(prod_t pi_trainer / pi_rollout, truncation) of each token's sequence, without gradient."""
-    diff_T = (old_logp_T - rollout_logp_T) * mask_T
+    diff_T = old_logp_T - rollout_logp_T
     log_weight_S = torch.zeros(num_segments, dtype=diff_T.dtype, device=diff_T.device).index_add(0, segment_T, diff_T)
     return _truncated_exp(log_weight_S, truncation)[segment_T]

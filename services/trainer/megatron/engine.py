@@ -149,7 +149,7 @@ class MegatronEngine(Engine):
             raise FloatingPointError("Megatron optimizer skipped the step (non-finite gradients)")
         dist.all_reduce(sums_4)
         dist.all_reduce(old_N)
-        mismatch = mult_prob_error(old_N, batch.rollout_logp_N, torch.ones_like(old_N)).item()
+        mismatch = mult_prob_error(old_N, batch.rollout_logp_N).item()
         metrics = self._loss_metrics(sums_4, old_N.numel())
         return {**metrics, "grad_norm": float(grad_norm), "mismatch/mult_prob_error": mismatch}
 

@@ -18,7 +18,6 @@ from torch import Tensor
 from .hf_config import Shape
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
-_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 # Megatron layer suffix -> (HF suffix, how TP splits it): "col" rows, "row" columns, "rep" replicated.
 _LAYER_PARAMS = {
     "input_layernorm.weight": ("input_layernorm.weight", "rep"),
