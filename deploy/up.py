@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
-from pathlib import Path
 
-from services.common.config import ConfigError, RunConfig, dump_toml, load_config
+from services.common.config import ConfigError, RunConfig, config_from_cli
 
-from .plan import PlanError
+from .placement import PlacementError
 
 BACKENDS = ("slurm", "sbatch", "docker", "local")
 
@@ -34,59 +32,53 @@ def detect() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default=None, help="run TOML (default: built-in defaults)")
+    parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=BACKENDS, default=None, help="default: detected (see detect())")
-    parser.add_argument("--dry-run", action="store_true", help="check the config, print the plan, start nothing")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.num_steps=5")
-    args = parser.parse_args()
+    parser.add_argument("--dry-run", action="store_true", help="check the config, print the placement, start nothing")
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg, args = config_from_cli(__doc__, parser)
         from .preflight import preflight
 
         preflight(cfg)
         backend = args.backend or detect()
         print(f"backend: {backend}", flush=True)
-        if backend == "slurm":
-            from .slurm.launch import up
-
-            return up(cfg, args.dry_run)
-        if backend == "sbatch":
-            from .slurm.submit import up
-
-            return up(cfg, args.dry_run, (["--config", args.config] if args.config else []) + args.overrides)
-        if backend == "docker":
-            from .docker.launch import up
-
-            return up(cfg, args.dry_run)
-        return _local(cfg, args)
-    except (ConfigError, PlanError) as e:
+        return _launch(backend, cfg, args)
+    except (ConfigError, PlacementError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
-def _local(cfg: RunConfig, args: argparse.Namespace) -> int:
-    """The placement of `make run`, after the same checks as the other backends."""
-    import torch
+def _launch(backend: str, cfg: RunConfig, args: argparse.Namespace) -> int:
+    if backend == "slurm":
+        from .slurm.launch import up
 
-    from . import records
-    from .drive import stop_on_sigterm
-    from .local import run_local
-    from .placement import gpu_env
-    from .plan import Cluster, format_plan, place
+        return up(cfg, args.dry_run)
+    if backend == "sbatch":
+        from .slurm.submit import up
 
-    cluster = Cluster("local", (socket.gethostname(),), torch.cuda.device_count())
-    plan = place(cfg, cluster)
-    print(format_plan(plan), flush=True)
-    if args.dry_run:
+        return up(cfg, args.dry_run, (["--config", args.config] if args.config else []) + args.overrides)
+    if backend == "docker":
+        from .docker.launch import up
+
+        return up(cfg, args.dry_run)
+    return _local(cfg, args.dry_run)
+
+
+def _local(cfg: RunConfig, dry_run: bool) -> int:
+    """`make run`'s launch, after the same placement and checks as the other backends."""
+    from . import local, records
+    from .placement import format_placement, place
+    from .supervise import stop_on_sigterm
+
+    placement = place(cfg, local.this_machine())
+    print(format_placement(placement), flush=True)
+    if dry_run:
         return 0
-    run_dir = Path(plan.cfg.run.output_dir) / plan.cfg.run.run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(dump_toml(plan.cfg))
-    record = records.write(plan.cfg.run.output_dir, "local", plan.cfg.run.run_id)
+    run_dir = local.write_config(placement)
+    record = records.write(placement.cfg.run.output_dir, "local", placement.cfg.run.run_id)
     stop_on_sigterm()
     try:
-        return run_local(plan.cfg, run_dir, gpu_env(plan.cfg, cluster.gpus_per_node))
+        return local.run_local(placement, run_dir)
     finally:
         records.remove(record)
 

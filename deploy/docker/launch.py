@@ -1,4 +1,4 @@
-"""`make up` on a Docker host: one compose project per run, driven from here, taken down at its end."""
+"""`make up` on a Docker host: one compose project per run, supervised from here, taken down at its end."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 from services.common.config import RunConfig, dump_toml
 
 from .. import records
-from ..drive import follow, shield_cleanup, stop_on_sigterm, wait_ready
-from ..plan import Cluster, Plan, format_plan, place
+from ..placement import Cluster, Placement, format_placement, place
+from ..placement.gpus import colocated
+from ..supervise import run_to_end, shield_cleanup, stop_on_sigterm, wait_ready
 
 COMPOSE_FILE = Path(__file__).with_name("compose.yaml")
 # Where the containers see the run's folders (compose.yaml mounts them there).
@@ -33,43 +34,62 @@ def project_name(run_id: str) -> str:
     return "grpo-" + re.sub(r"[^a-z0-9_-]", "-", run_id.lower())
 
 
-def container_config(plan: Plan) -> RunConfig:
-    """The plan's config with the paths the containers see."""
-    cfg = plan.cfg.model_copy(deep=True)
+def container_config(placement: Placement) -> RunConfig:
+    """The placement's config with the paths the containers see."""
+    cfg = placement.cfg.model_copy(deep=True)
     cfg.run.output_dir, cfg.model.path = RUNS, MODEL
     if cfg.task.prompts_path:
         cfg.task.prompts_path = PROMPTS
     return cfg
 
 
-def compose_env(plan: Plan) -> dict[str, str]:
-    """Everything compose.yaml reads, from the plan (host paths are absolute: compose runs from anywhere)."""
-    cfg = plan.cfg
+def compose_env(placement: Placement) -> dict[str, str]:
+    """Everything compose.yaml reads, from the placement (host paths are absolute: compose runs from anywhere)."""
+    cfg = placement.cfg
     env = {
         "GRPO_PROJECT": project_name(cfg.run.run_id),
         "GRPO_CONFIG": f"{RUNS}/{cfg.run.run_id}/config.toml",
         "GRPO_RUNS_DIR": str(Path(cfg.run.output_dir).resolve()),
         "GRPO_MODEL_DIR": str(Path(cfg.model.path).resolve()),
-        "GRPO_DEVICE": plan.device,
+        "GRPO_DEVICE": placement.device,
         "GRPO_TRAINER_RANKS": str(cfg.trainer.num_ranks),
+        "GRPO_TRAINER_THREADS": str(placement.get("trainer").threads),
+        "GRPO_ROLLOUT_THREADS": str(placement.get("rollout-0").threads),
         "GRPO_STATUS_PORT": str(cfg.coordinator.http_port),
         "GRPO_CONTROL_PORT": str(cfg.coordinator.grpc_port),
         "GRPO_BIND": os.environ.get("GRPO_BIND", "127.0.0.1"),
     }
+    if placement.device == "cuda":
+        env["GRPO_ROLLOUT_GPUS"] = ",".join(map(str, rollout_container_gpus(placement)))
     if cfg.task.prompts_path:
         env["GRPO_PROMPTS_PATH"] = str(Path(cfg.task.prompts_path).resolve())
     return env
 
 
-def gpu_override(plan: Plan) -> str:
-    """A compose override with the plan's GPUs per service, or without GPU reservations on CPU."""
-    if plan.device == "cpu":
+def rollout_gpus(placement: Placement) -> list[int]:
+    """Host GPUs the rollout container reserves: those of all its workers."""
+    return sorted({g for a in placement.services if a.service.startswith("rollout-") for g in a.gpus or ()})
+
+
+def rollout_container_gpus(placement: Placement) -> list[int]:
+    """Each worker's GPU as the rollout container numbers its GPUs (from 0)."""
+    pool = rollout_gpus(placement)
+    workers = [placement.get(f"rollout-{i}") for i in range(placement.cfg.rollout.num_workers)]
+    return [pool.index(a.gpus[0]) for a in workers]
+
+
+def gpu_override(placement: Placement) -> str:
+    """A compose override with the placement's GPUs per service, or without GPU reservations on CPU."""
+    if placement.device == "cpu":
         return "services:\n  trainer:\n    deploy: !reset {}\n  rollout:\n    deploy: !reset {}\n"
     lines = ["services:"]
-    rollout = sorted({g for p in plan.placements if p.service.startswith("rollout-") for g in p.gpus})
-    for service, gpus in (("trainer", plan.get("trainer").gpus), ("rollout", rollout)):
+    for service, gpus in (("trainer", placement.get("trainer").gpus), ("rollout", rollout_gpus(placement))):
         ids = ", ".join(f'"{g}"' for g in gpus)
-        lines += [f"  {service}:", "    deploy:", "      resources:", "        reservations:"]
+        lines += [f"  {service}:"]
+        if colocated(placement.cfg):
+            # CUDA IPC handles and torch's shared reference counters cross containers only in one IPC namespace.
+            lines += ["    ipc: host"]
+        lines += ["    deploy:", "      resources:", "        reservations:"]
         lines += ["          devices: !override", "            - driver: nvidia", f"              device_ids: [{ids}]"]
         lines += ["              capabilities: [gpu]"]
     return "\n".join(lines) + "\n"
@@ -80,31 +100,32 @@ def compose_command(project: str, override: Path) -> list[str]:
 
 
 def up(cfg: RunConfig, dry_run: bool) -> int:
-    plan = place(cfg, Cluster("docker", ("localhost",), host_gpus()))
-    run_dir = Path(plan.cfg.run.output_dir) / plan.cfg.run.run_id
-    env, override = compose_env(plan), run_dir / "compose.gpus.yaml"
+    placement = place(cfg, Cluster("docker", ("localhost",), host_gpus()))
+    run_dir = Path(placement.cfg.run.output_dir) / placement.cfg.run.run_id
+    env, override = compose_env(placement), run_dir / "compose.gpus.yaml"
     compose = compose_command(env["GRPO_PROJECT"], override)
-    print(format_plan(plan))
+    print(format_placement(placement))
     print("compose: " + " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(compose) + " up")
     if dry_run:
         return 0
     run_dir.mkdir(parents=True, exist_ok=True)
-    Path(plan.cfg.model.path).mkdir(parents=True, exist_ok=True)  # the trainer writes a created model there
-    override.write_text(gpu_override(plan))
-    (run_dir / "config.toml").write_text(dump_toml(container_config(plan)))
-    record = records.write(plan.cfg.run.output_dir, "docker", plan.cfg.run.run_id, compose=compose, env=env)
-    return run(plan, compose, {**os.environ, **env}, record)
+    Path(placement.cfg.model.path).mkdir(parents=True, exist_ok=True)  # the trainer writes a created model there
+    override.write_text(gpu_override(placement))
+    (run_dir / "config.toml").write_text(dump_toml(container_config(placement)))
+    run_id = placement.cfg.run.run_id
+    record = records.write(placement.cfg.run.output_dir, "docker", run_id, compose=compose, env=env)
+    return run(placement, compose, {**os.environ, **env}, record)
 
 
-def run(plan: Plan, compose: list[str], env: dict[str, str], record: Path) -> int:
+def run(placement: Placement, compose: list[str], env: dict[str, str], record: Path) -> int:
     stop_on_sigterm()
     try:
         # --wait: until every healthcheck passes (the model is loaded everywhere).
         subprocess.run([*compose, "up", "--detach", "--build", "--wait"], env=env, check=True)
         alive = _watch(compose, env)
-        coordinator = f"127.0.0.1:{plan.cfg.coordinator.grpc_port}"
+        coordinator = f"127.0.0.1:{placement.cfg.coordinator.grpc_port}"
         wait_ready([coordinator], alive)
-        return follow(plan.cfg, coordinator, plan.status_url, alive)
+        return run_to_end(placement.cfg, coordinator, placement.status_url, alive)
     except KeyboardInterrupt:
         print("\ninterrupted: taking the compose project down", file=sys.stderr)
         return 130

@@ -1,8 +1,7 @@
-"""The rollout container: `rollout.num_workers` worker processes, one GPU each where the container has GPUs."""
+"""The rollout container: `rollout.num_workers` worker processes, on the GPUs the placement gave each."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -10,22 +9,29 @@ import sys
 import time
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", required=True)
-    args = parser.parse_args()
-    from services.common.config import load_config
+def worker_gpu(index: int, env: dict[str, str]) -> str:
+    """CUDA_VISIBLE_DEVICES of worker `index`: its GPU as this container numbers them ("" on CPU).
 
-    cfg = load_config(args.config)
+    GRPO_ROLLOUT_GPUS comes from `make up` (colocated workers share one); without it, one GPU each in order."""
+    if env.get("GRPO_DEVICE") != "cuda":
+        return ""
+    listed = env.get("GRPO_ROLLOUT_GPUS")
+    return listed.split(",")[index] if listed else str(index)
+
+
+def main() -> int:
+    from services.common.config import config_from_cli
+
+    cfg, args = config_from_cli(__doc__)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     procs = []
     for i in range(cfg.rollout.num_workers):
-        # compose reserves the plan's GPUs for this container; inside it they are numbered from 0.
-        gpu = str(i) if os.environ.get("GRPO_DEVICE") == "cuda" else ""
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
-        cmd = [sys.executable, "-m", "services.rollout.main", "--worker-index", str(i), "--config", args.config]
-        procs.append(subprocess.Popen(cmd, env=env))
+        # compose reserves the placement's GPUs for this container; inside it they are numbered from 0.
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": worker_gpu(i, dict(os.environ))}
+        cmd = [sys.executable, "-m", "services.rollout.main", "--worker-index", str(i)]
+        cmd += ["--config", args.config] if args.config else []
+        procs.append(subprocess.Popen([*cmd, *args.overrides], env=env))
     # One worker gone ends the container: compose reports it, `make up` stops the run.
     while not stopping and all(p.poll() is None for p in procs):
         time.sleep(0.5)

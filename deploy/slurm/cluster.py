@@ -7,7 +7,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 
-from ..plan import Cluster
+from ..placement import Cluster
 
 
 def allocation(env: Mapping[str, str] = os.environ) -> Cluster:

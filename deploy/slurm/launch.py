@@ -1,4 +1,4 @@
-"""`make up` inside a Slurm allocation: every service an srun step on its planned node, one run, a clean stop."""
+"""`make up` inside a Slurm allocation: every service an srun step on its assigned node, one run, a clean stop."""
 
 from __future__ import annotations
 
@@ -13,28 +13,28 @@ from pathlib import Path
 from services.common.config import RunConfig, dump_toml
 
 from .. import records
-from ..drive import follow, shield_cleanup, stop_on_sigterm, wait_ready
-from ..plan import Plan, format_plan, place
+from ..placement import Assignment, Placement, format_placement, place
 from ..procs import Service, check_alive, stop_all
+from ..supervise import run_to_end, shield_cleanup, stop_on_sigterm, wait_ready
 from .cluster import allocation
 from .commands import srun, step_name
 
 
 def up(cfg: RunConfig, dry_run: bool) -> int:
-    plan = place(cfg, allocation())
-    print(format_plan(plan), flush=True)
+    placement = place(cfg, allocation())
+    print(format_placement(placement), flush=True)
     if dry_run:
         return 0
-    run_dir = Path(plan.cfg.run.output_dir) / plan.cfg.run.run_id
+    run_dir = Path(placement.cfg.run.output_dir) / placement.cfg.run.run_id
     (run_dir / "redis").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(dump_toml(plan.cfg))
-    return run(plan, run_dir)
+    (run_dir / "config.toml").write_text(dump_toml(placement.cfg))
+    return run(placement, run_dir)
 
 
-def run(plan: Plan, run_dir: Path) -> int:
+def run(placement: Placement, run_dir: Path) -> int:
     from services.common.tinymodel import create_tiny_model
 
-    cfg, job_id = plan.cfg, os.environ["SLURM_JOB_ID"]
+    cfg, job_id = placement.cfg, os.environ["SLURM_JOB_ID"]
     record = records.write(cfg.run.output_dir, "slurm", cfg.run.run_id, job_id=job_id)
     stop_on_sigterm()
     services: list[Service] = []
@@ -43,14 +43,13 @@ def run(plan: Plan, run_dir: Path) -> int:
         if cfg.model.create:
             create_tiny_model(cfg.model, cfg.run.seed)
         print(f"run {cfg.run.run_id}: starting job steps in job {job_id} (logs in {run_dir / 'logs'})", flush=True)
-        for p in plan.placements:
-            services.append(_start(p.service, srun(plan, p, run_dir / "config.toml"), run_dir / "logs"))
-            if p.service == "redis":
+        for a in placement.assignments:
+            services.append(_start(a, srun(placement, a, run_dir / "config.toml"), run_dir / "logs"))
+            if a.service == "redis":
                 _wait_redis(cfg.redis.url, services)
         alive = functools.partial(check_alive, services)
-        grpc = [p.address for p in plan.placements if p.service != "redis"]
-        wait_ready(grpc, alive)
-        return follow(cfg, plan.get("coordinator").address, plan.status_url, alive)
+        wait_ready([a.address for a in placement.services], alive)
+        return run_to_end(cfg, placement.get("coordinator").address, placement.status_url, alive)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping every job step", file=sys.stderr)
         return 130
@@ -60,14 +59,14 @@ def run(plan: Plan, run_dir: Path) -> int:
         records.remove(record)
 
 
-def _start(name: str, cmd: list[str], log_dir: Path) -> Service:
+def _start(a: Assignment, cmd: list[str], log_dir: Path) -> Service:
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{name}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("OMP_NUM_THREADS", "1")  # as `make run`: intra-op threads of every service fight otherwise
+    log = log_dir / f"{a.service}.log"
+    # OMP threads as `make run` sets them; GPUs are picked on the node, by deploy/slurm/task.py.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(a.threads)}
     # Own session: a Ctrl-C in the terminal reaches the launcher only, which stops the steps in order.
     proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Service(name, proc, log)
+    return Service(a.service, proc, log)
 
 
 def _wait_redis(url: str, services: list[Service], timeout_s: float = 120.0) -> None:

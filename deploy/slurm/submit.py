@@ -11,7 +11,7 @@ from pathlib import Path
 from services.common.config import RunConfig
 
 from .. import records
-from ..plan import Cluster, PlanError, format_plan, place
+from ..placement import Cluster, PlacementError, format_placement, place
 
 JOB_SCRIPT = Path(__file__).with_name("job.sbatch")
 
@@ -25,7 +25,7 @@ def sbatch_command(cfg: RunConfig, run_dir: Path, job_args: list[str]) -> list[s
     named = sorted({n for n in p.trainer_nodes + p.rollout_nodes if isinstance(n, str)})
     if named:
         cmd.append(f"--nodelist={','.join(named)}")
-    # Whole nodes: the services' steps share them (srun --overlap --whole), and the plan places GPUs itself.
+    # Whole nodes: the services' steps share them (srun --overlap --whole), and the placement picks GPUs itself.
     cmd += ["--exclusive", f"--output={run_dir.resolve()}/slurm-%j.out", f"--chdir={Path.cwd()}"]
     cmd += [f"--export=ALL,GRPO_PYTHON={sys.executable}"]
     return [*cmd, str(JOB_SCRIPT), *job_args, f'run.run_id="{cfg.run.run_id}"']
@@ -34,16 +34,16 @@ def sbatch_command(cfg: RunConfig, run_dir: Path, job_args: list[str]) -> list[s
 def up(cfg: RunConfig, dry_run: bool, job_args: list[str]) -> int:
     cfg = cfg.model_copy(deep=True)
     cfg.run.run_id = cfg.run.run_id or time.strftime("%Y%m%d-%H%M%S")
-    # The nodes are not known before the job starts: check the plan against stand-ins of the asked shape.
+    # The nodes are not known before the job starts: check the placement on stand-ins of the asked shape.
     p = cfg.placement
     named = list(dict.fromkeys(n for n in p.trainer_nodes + p.rollout_nodes if isinstance(n, str)))
     if len(named) > p.num_nodes:
-        raise PlanError(f"the placement names {len(named)} nodes but placement.num_nodes = {p.num_nodes}")
+        raise PlacementError(f"the placement names {len(named)} nodes but placement.num_nodes = {p.num_nodes}")
     stand_ins = [f"node{i}" for i in range(p.num_nodes - len(named))]
-    plan = place(cfg, Cluster("slurm", tuple(named + stand_ins), p.gpus_per_node))
+    placement = place(cfg, Cluster("slurm", tuple(named + stand_ins), p.gpus_per_node))
     run_dir = Path(cfg.run.output_dir) / cfg.run.run_id
     cmd = sbatch_command(cfg, run_dir, job_args)
-    print(format_plan(plan) + "\n(node names are stand-ins until the job starts; ports are chosen there)")
+    print(format_placement(placement) + "\n(node names are stand-ins until the job starts; ports are chosen there)")
     print("submit: " + shlex.join(cmd), flush=True)
     if dry_run:
         return 0

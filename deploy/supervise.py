@@ -1,4 +1,4 @@
-"""Drive a launched run from outside: wait for every service, start the run, show the table until it ends."""
+"""Supervise a launched run from its launcher: signals, every service ready, the run started and shown to its end."""
 
 from __future__ import annotations
 
@@ -41,32 +41,39 @@ def wait_ready(addresses: list[str], check_alive: Callable[[], None], timeout_s:
                     raise TimeoutError(f"{address} not healthy after {timeout_s:.0f}s") from None
 
 
-def follow(cfg: RunConfig, coordinator: str, status_url: str, check_alive: Callable[[], None]) -> int:
+def run_to_end(cfg: RunConfig, coordinator: str, status_url: str, check_alive: Callable[[], None]) -> int:
     """Start the run on the coordinator at `coordinator`, print a row per step; 0 when it ends DONE."""
-    from tqdm import tqdm
-
     from protos.grpo.v1 import coordinator_pb2
     from services.coordinator.client import CoordinatorClient
-    from services.coordinator.metrics import header, row
 
     print(f"status: {status_url}", flush=True)
     with CoordinatorClient(coordinator) as client:
-        status = client.start_run(cfg.run.num_steps)
-        bar = tqdm(total=status.num_steps, unit="step", dynamic_ncols=True)
-        bar.write(header())
-        shown = 0
-        while status.state == coordinator_pb2.RUN_STATE_RUNNING:
-            time.sleep(0.5)
-            check_alive()
-            status = client.status()
-            if status.step > shown:
-                bar.write(row(dict(status.last_metrics)))
-                bar.update(status.step - shown)
-                shown = status.step
-        bar.close()
+        status = _show_steps(client, client.start_run(cfg.run.num_steps), check_alive)
     state = coordinator_pb2.RunState.Name(status.state)
     run_dir = f"{cfg.run.output_dir}/{cfg.run.run_id}"
     print(f"run {cfg.run.run_id} ended: {state} after {status.step} steps; {run_dir}/metrics.jsonl", flush=True)
     if status.error:
         print(f"error: {status.error}", file=sys.stderr)
     return 0 if status.state == coordinator_pb2.RUN_STATE_DONE else 1
+
+
+def _show_steps(client, status, check_alive: Callable[[], None]):
+    """A row and a progress tick per finished step while the run is running; returns its last status."""
+    from tqdm import tqdm
+
+    from protos.grpo.v1 import coordinator_pb2
+    from services.coordinator.metrics import header, row
+
+    bar = tqdm(total=status.num_steps, unit="step", dynamic_ncols=True)
+    bar.write(header())
+    shown = 0
+    while status.state == coordinator_pb2.RUN_STATE_RUNNING:
+        time.sleep(0.5)
+        check_alive()
+        status = client.status()
+        if status.step > shown:
+            bar.write(row(dict(status.last_metrics)))
+            bar.update(status.step - shown)
+            shown = status.step
+    bar.close()
+    return status

@@ -1,0 +1,68 @@
+"""What the placement engine works on and produces: the cluster, each service's assignment, the placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from services.common.config import RunConfig
+
+Backend = Literal["local", "slurm", "docker"]
+Device = Literal["cpu", "cuda"]
+
+
+class PlacementError(ValueError):
+    """A placement that cannot run; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What a launcher may use: node names in allocation order and the GPUs of each node."""
+
+    backend: Backend
+    nodes: tuple[str, ...]
+    gpus_per_node: int
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where one service runs and what it gets there."""
+
+    service: str
+    nodes: tuple[str, ...]
+    host: str
+    """Address the service binds and the others reach it at."""
+    gpus: tuple[int, ...] | None = None
+    """GPU indices on each of its nodes; () = hide every GPU (CPU run); None = leave CUDA's view as it is."""
+    ports: dict[str, int] = field(default_factory=dict)
+    threads: int = 1
+    """OMP_NUM_THREADS of its processes."""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.ports['grpc']}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Every service's assignment on one cluster, and the config they all read."""
+
+    cfg: RunConfig
+    """Ports, hosts, run id and Redis URL filled in."""
+    cluster: Cluster
+    device: Device
+    assignments: tuple[Assignment, ...]
+    start_redis: bool
+
+    def get(self, service: str) -> Assignment:
+        return next(a for a in self.assignments if a.service == service)
+
+    @property
+    def services(self) -> tuple[Assignment, ...]:
+        """The gRPC services, in start order (Redis left out)."""
+        return tuple(a for a in self.assignments if a.service != "redis")
+
+    @property
+    def status_url(self) -> str:
+        host = "127.0.0.1" if self.cluster.backend == "docker" else self.cfg.coordinator.host
+        return f"http://{host}:{self.cfg.coordinator.http_port}/status"
