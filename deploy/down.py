@@ -1,8 +1,10 @@
-"""`make down`: stop everything `make up` started (from the records under `<output_dir>/.up/`)."""
+"""`make down`: stop everything `make up` started (from the records under `<output_dir>/.up/`).
+
+Of the config (`--config` and dotted overrides) only run.output_dir is read.
+"""
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import socket
@@ -11,18 +13,14 @@ import sys
 import time
 from pathlib import Path
 
-from services.common.config import ConfigError, load_config
+from services.common.config import ConfigError, config_from_cli
 
 from . import records
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default=None, help="run TOML; only run.output_dir is read")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. run.output_dir=/scratch/runs")
-    args = parser.parse_args()
     try:
-        output_dir = load_config(args.config, args.overrides).run.output_dir
+        output_dir = config_from_cli(__doc__)[0].run.output_dir
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
