@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .gpus import gpu_list, visible_devices
-from .model import Assignment, Placement
+from .types import Assignment, Placement
 
 
 def service_args(placement: Placement, a: Assignment, config_path: str) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.common.config import RunConfig
 
-from .model import Cluster, Device, PlacementError
+from .types import Cluster, Device, PlacementError
 
 Gpus = tuple[int, ...] | None
 

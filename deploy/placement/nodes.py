@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.common.config import RunConfig
 
 from .gpus import colocated
-from .model import PlacementError
+from .types import PlacementError
 
 
 def split_nodes(cfg: RunConfig, nodes: tuple[str, ...]) -> tuple[list[str], list[str]]:

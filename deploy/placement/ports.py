@@ -7,7 +7,7 @@ import time
 from services.common.config import RunConfig
 from services.common.ports import free_port, is_free
 
-from .model import Assignment, Backend, PlacementError
+from .types import Assignment, Backend, PlacementError
 
 
 def fill_blanks(cfg: RunConfig) -> RunConfig:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .gpus import gpu_list
-from .model import Placement
+from .types import Placement
 
 
 def format_placement(placement: Placement) -> str:

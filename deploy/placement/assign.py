@@ -8,9 +8,9 @@ from services.common.config import RunConfig
 from services.common.ports import free_port
 
 from .gpus import Gpus, assign_gpus
-from .model import Assignment, Cluster, Device, Placement, PlacementError
 from .nodes import ranks_per_node, split_nodes
 from .ports import check_ports, fill_blanks
+from .types import Assignment, Cluster, Device, Placement, PlacementError
 
 # Inside the compose network every service is reached by its service name; Redis keeps its usual port.
 DOCKER_REDIS_PORT = 6379
