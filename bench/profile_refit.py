@@ -14,9 +14,9 @@ import time
 import torch
 import weightsync as bw  # bench/: the state-dict shapes
 
-from services.weightsync import checksum as cs
-from services.weightsync.pack import pack_into, pack_sum64, unpack
-from services.weightsync.plan import ReceiverLayout, make_plan
+from services.weightsync.kernels import checksum as cs
+from services.weightsync.transfer.pack import pack_into, pack_sum64, unpack
+from services.weightsync.transfer.plan import ReceiverLayout, make_plan
 
 
 def timed(fn, reps: int) -> tuple[float, float]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import json
 import os
 import platform
@@ -29,10 +30,12 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.weightsync import checksum as cs  # noqa: E402
-from services.weightsync.pack import new_ring, pack_into, packed_buckets, slot_view, unpack  # noqa: E402
-from services.weightsync.plan import ReceiverLayout, make_plan  # noqa: E402
-from services.weightsync.transport import make_transport, receive_buckets  # noqa: E402
+from services.weightsync.kernels import checksum as cs  # noqa: E402
+from services.weightsync.transfer.pack import new_ring, pack_into, packed_buckets, slot_view, unpack  # noqa: E402
+from services.weightsync.transfer.plan import ReceiverLayout, make_plan  # noqa: E402
+from services.weightsync.transfer.receiver import receive_buckets  # noqa: E402
+from services.weightsync.transports import kind  # noqa: E402
+from services.weightsync.transports.base import Transfer, Transport  # noqa: E402
 
 # (hidden, layers, heads, kv_heads, intermediate, vocab, tied embeddings, qkv bias)
 SHAPES = {
@@ -80,6 +83,20 @@ def _group(store_port: int, prefix: str, rank: int, backend: str, timeout_s: flo
     )  # fmt: skip
 
 
+class Channel:
+    """A transport and one phase's group, as the services hand them to a sender and a receiver."""
+
+    def __init__(self, transport: Transport, group, source):
+        self.transport, self.group, self.source = transport, group, source
+        self.device = transport.device()
+
+    def at(self, tag: str) -> Transfer:
+        return Transfer(self.group, self.source, tag)
+
+    def receive(self, index: int, out: torch.Tensor, tag: str) -> None:
+        self.transport.receive(self.at(tag), index, out)
+
+
 class Peer:
     """One of the two benchmark processes: a store for small messages and a barrier-able group."""
 
@@ -89,11 +106,22 @@ class Peer:
         self.device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
         self.phase = 0
         self.refits = 0  # both processes run the same refits in the same order: a tag needs no exchange
+        # The sender's shared ring and listener outlive a phase, as in a trainer process; a collective's
+        # group is the phase's own (a fresh transport, its communicators freed with it).
+        self.kept: dict[str, Transport] = {}
 
-    def transport(self, backend: str | None = None, source=None):
+    def transport(self, backend: str | None = None, source=None) -> Channel:
         self.phase += 1
-        group = _group(self.store_port, f"p{self.phase}", self.rank, backend or self.backend, self.timeout_s)
-        return make_transport(group, source)
+        backend = backend or self.backend
+        group = _group(self.store_port, f"p{self.phase}", self.rank, backend, self.timeout_s)
+        return Channel(self.transport_of(backend), group, source)
+
+    def transport_of(self, backend: str) -> Transport:
+        if kind(backend).max_senders > 1:
+            return kind(backend)()
+        if backend not in self.kept:
+            self.kept[backend] = kind(backend)()
+        return self.kept[backend]
 
     def barrier(self, name: str) -> None:
         self.store.add(f"barrier/{name}", 1)
@@ -159,13 +187,14 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
         # refit's tag (its keys all set) and return while the sender waited for it until the deadline.
         peer.refits += 1
         tag = f"{shape[:12]}-{peer.phase}-{peer.refits}"
+        transfer = t.at(tag)
         if peer.rank == 0:
             sums: list = []
-            wait_free = getattr(t, "wait_free", None)
-            t.send(packed_buckets(plan, lookup, ring, sums, wait_free(tag) if wait_free else None), tag)
+            buckets = packed_buckets(plan, lookup, ring, sums, t.transport.wait_free(transfer))
+            t.transport.send(transfer, buckets, plan.bucket_nbytes, (0,) * plan.num_buckets)
             peer.store.set(f"commit/{tag}", json.dumps(cs.digests(sums)))
             return
-        buckets, sums = receive_buckets(t, list(plan.bucket_nbytes), algo, tag)
+        buckets, sums = receive_buckets(t.transport, transfer, list(plan.bucket_nbytes), algo)
         # Blocks until the sender committed; set on every repetition, so every one is verified.
         assert sums == json.loads(peer.store.get(f"commit/{tag}")), "received buckets differ from the sent ones"
         if apply:
@@ -202,32 +231,33 @@ def ipc_unverified(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, 
     and the engine copies its tensors straight out of it. Two copies, no checksum, no staging: a tensor
     is in the engine before anyone could know the version arrived whole. The baseline for what our
     verification costs, not a path of ours."""
-    from services.weightsync.cuda_ipc import open_shared
-
     plan, lookup, ring, t, engine = _refit_setup(peer, shape, bucket_bytes, num_buffers, "cuda_ipc")
+    ipc, buffers = t.transport, t.source.ipc_buffers
 
     def once() -> None:
         peer.refits += 1
         tag = f"{shape[:12]}-{peer.phase}-{peer.refits}"
+        transfer = t.at(tag)
         if peer.rank == 0:
 
             def packed():
                 for i in range(plan.num_buckets):
                     if i >= len(ring):
-                        t.wait_free(tag)(i - len(ring))
+                        ipc.wait_free(transfer)(i - len(ring))
                     buf = ring[i % len(ring)][: plan.bucket_nbytes[i]]
                     pack_into(buf, plan, i, lookup)
                     yield i, buf
 
-            t.send(packed(), tag)
+            ipc.send(transfer, packed(), plan.bucket_nbytes, (0,) * plan.num_buckets)
             return
+        store = ipc.store(transfer.group)
         for i in range(plan.num_buckets):
-            t.store.wait([f"{tag}/ready/{i}"], t.timeout)
-            src = open_shared(t.buffers[i % len(t.buffers)])
+            ipc.wait(transfer, [f"{tag}/ready/{i}"], f"no bucket {i}")
+            src = ipc.opened(buffers[i % len(buffers)])
             for s in plan.by_bucket[i]:
                 engine[s.name].copy_(slot_view(src, s))
             torch.cuda.current_stream().synchronize()
-            t.store.set(f"{tag}/done/{i}/{t.rank}", b"1")
+            store.set(f"{tag}/done/{i}/{transfer.group.rank}", b"1")
 
     seconds = best(peer, f"unverified/{shape}/{bucket_bytes}", once, reps)
     _check_engine(engine, shape, t.device)
@@ -249,28 +279,30 @@ def _source(peer: Peer, backend: str, plan, num_buffers: int):
     # Keys per phase: a key left by the previous shape would hand the receiver stale handles.
     key = f"{backend}/{peer.phase}"
     if backend == "cuda_ipc":
-        from services.weightsync.cuda_ipc import IpcBuffer, shared_ring
+        from services.weightsync.transports.cuda_ipc import IpcBuffer
 
         if peer.rank == 0:
-            ring, shared = shared_ring(plan, torch.device("cuda", 0), num_buffers)
-            peer.store.set(key, json.dumps([_b64(b) for b in shared]))
-            return types.SimpleNamespace(ipc_buffers=shared), ring
+            ring, offer = peer.transport_of(backend).offer(max(plan.bucket_nbytes), _ring_size(plan, num_buffers), "")
+            peer.store.set(key, json.dumps([_b64(b) for b in offer.ipc_buffers]))
+            return types.SimpleNamespace(ipc_buffers=offer.ipc_buffers), ring
         shared = [IpcBuffer(**_unb64(d)) for d in json.loads(peer.store.get(key))]
         return types.SimpleNamespace(ipc_buffers=shared), None
     if backend == "ucxx":
-        from services.weightsync.ucxx_pull import bucket_server
-
         if peer.rank == 0:
-            peer.store.set(key, bucket_server("127.0.0.1").address)
+            _, offer = peer.transport_of(backend).offer(
+                max(plan.bucket_nbytes), _ring_size(plan, num_buffers), "127.0.0.1"
+            )
+            peer.store.set(key, offer.ucxx_address)
         return types.SimpleNamespace(ucxx_address=peer.store.get(key).decode()), None
     return None, None
 
 
+def _ring_size(plan, num_buffers: int) -> int:
+    return min(num_buffers, plan.num_buckets)
+
+
 def _b64(b) -> dict:
-    return {
-        f: base64.b64encode(v).decode() if isinstance(v, bytes) else v
-        for f, v in ((f, getattr(b, f)) for f in b.__slots__)
-    }  # noqa: E501
+    return {f: base64.b64encode(v).decode() if isinstance(v, bytes) else v for f, v in dataclasses.asdict(b).items()}
 
 
 def _unb64(d: dict) -> dict:

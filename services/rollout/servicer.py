@@ -10,8 +10,8 @@ import torch
 
 from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2
 from services.common.grpcio import servicer_edge
-from services.weightsync import checksum as cs
-from services.weightsync.receiver import receive_version
+from services.weightsync.kernels import checksum as cs
+from services.weightsync.transfer.receiver import Receiver
 
 from .engine import Engine
 
@@ -31,6 +31,7 @@ class EngineState:
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def __init__(self, state: EngineState):
         self.state = state
+        self.receiver = Receiver()
 
     @servicer_edge
     def Info(self, request, context):
@@ -52,14 +53,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         start = time.perf_counter()
         # Everything arrives and is verified against the sender's committed checksums before the
         # engine is touched: a failed transfer leaves the previous version fully in service.
-        named, received = receive_version(request)
+        named, received = self.receiver.receive(m, request.group, request.source, request.refit_id)
         received_at = time.perf_counter()
         with self.state.lock:
             locked_at = time.perf_counter()  # generation holds the lock between groups
             self.state.engine.load_weights(named)
             loaded_at = time.perf_counter()
             self.state.policy_version = m.policy_version
-            readback = readback_checksums(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo)
+            readback = read_back(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo)
         end = time.perf_counter()
         log.info(
             "version %d applied in %.3fs: received and verified %.3fs, waited for the engine %.3fs, "
@@ -80,9 +81,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 READBACK_MAX_NUMEL = 2**22
 
 
-def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.TensorSpec], algo: str) -> dict[str, str]:
+def read_back(held: dict[str, torch.Tensor], specs: list[weights_pb2.TensorSpec], algo: str) -> dict[str, str]:
     """Checksums of the engine's tensors under the manifest's names, where the engine exposes them, in the
-    family of the manifest's bucket checksums (checksum.readback_checksums).
+    family of the manifest's bucket checksums (checksum.tensor_digests).
 
     vLLM pads the vocabulary dimension of embeddings and lm_head; the padding rows are cut off. A tensor
     the engine holds in another dtype than it arrived in cannot be compared: that is logged, since it
@@ -109,4 +110,4 @@ def readback_checksums(held: dict[str, torch.Tensor], specs: list[weights_pb2.Te
             "weightsync.cast_dtype empty (the engine's dtype) or set it to the engine's",
             *map(sorted, zip(*other_dtype)),
         )
-    return cs.readback_checksums(named, algo)
+    return cs.tensor_digests(named, algo)

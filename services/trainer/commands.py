@@ -7,14 +7,14 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import torch
 from google.protobuf.message import Message
 
 from protos.grpo.v1 import trainer_pb2
 from services.common.config import WeightsyncSection
-from services.weightsync.client import publish
-from services.weightsync.share import publish_share, share_plan
-from services.weightsync.transport import device_of, resolve
+from services.weightsync.transfer.plan import torch_dtype
+from services.weightsync.transfer.ranks import GroupRanks
+from services.weightsync.transfer.sender import Sender
+from services.weightsync.transports import choose, kind
 
 from .engine import Engine
 from .packing import Seq
@@ -40,6 +40,8 @@ class Executor:
 
     def __init__(self, engine: Engine, weightsync: WeightsyncSection):
         self.engine, self.weightsync = engine, weightsync
+        # Kept across refits: each holds its transfer groups and buffers.
+        self._lone_sender, self._all_ranks = Sender(), Sender(ranks=GroupRanks())
         self._handlers: dict[Op, tuple[type[Message], Callable[[Message], Message | None]]] = {
             Op.TRAIN: (trainer_pb2.TrainRequest, self.train),
             Op.LOGPROBS: (trainer_pb2.LogprobsRequest, self.logprobs),
@@ -78,28 +80,30 @@ class Executor:
 
     def publish(self, request: trainer_pb2.PublishWeightsRequest) -> trainer_pb2.PublishWeightsReply | None:
         ws, engine = self.weightsync, self.engine
-        transport = resolve(ws.transport)
+        transport = kind(choose(ws.transport))
         # A GPU transport packs from GPU tensors: gathering to the host first would cross PCIe twice.
-        on_device = engine.device.type == "cuda" and device_of(transport).type == "cuda"
-        dtype = getattr(torch, ws.cast_dtype) if ws.cast_dtype else None
+        on_device = engine.device.type == "cuda" and transport.device_type == "cuda"
+        dtype = torch_dtype(ws.cast_dtype) if ws.cast_dtype else None
         address, timeout_s = f"{ws.host}:{ws.grpc_port}", request.timeout_s or ws.timeout_s
         start = time.perf_counter()
-        if ws.all_ranks_send and engine.world > 1 and engine.shares_weights and transport in ("gloo", "nccl"):
-            share = share_plan(engine.hf_layout(dtype), address, ws.bucket_bytes, timeout_s)
-            if share is None:  # rank 0 raised: the weightsync service could not be asked
+        if ws.all_ranks_send and engine.world > 1 and engine.shares_weights and transport.max_senders > 1:
+            plan = self._all_ranks.plan(engine.hf_layout(dtype), address, ws.bucket_bytes, timeout_s)
+            if plan is None:  # rank 0 raised: the weightsync service could not be asked
                 return None
             # Cast as the engines want it (their registered dtype by default) inside the gather: an fp32
             # all-gather would move twice the bytes of a bf16 one.
-            wire = dtype or (getattr(torch, share.cast_dtype) if share.cast_dtype else None)
-            named = engine.gather_share(share.owners(), on_device, wire)
+            wire = dtype or (torch_dtype(plan.cast_dtype) if plan.cast_dtype else None)
+            named = engine.gather_share(plan.owners(), on_device, wire)
             gather_s = time.perf_counter() - start
-            result = publish_share(list(named.items()), share, engine.policy_version, address, timeout_s)
+            result = self._all_ranks.send(list(named.items()), plan, engine.policy_version, address, timeout_s)
         else:
             sd = engine.full_state_dict(on_device, dtype)
             gather_s = time.perf_counter() - start
             if engine.rank != 0:
                 return None
-            result = publish(list(sd.items()), engine.policy_version, address, ws.bucket_bytes, timeout_s)
+            result = self._lone_sender.publish(
+                list(sd.items()), engine.policy_version, address, ws.bucket_bytes, timeout_s
+            )
         if result is None:  # ranks other than 0
             return None
         return trainer_pb2.PublishWeightsReply(

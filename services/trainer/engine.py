@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from services.weightsync.checksum import tensor_checksum
+from services.weightsync.kernels.checksum import tensor_checksum
 
 from . import checkpoint
 from .attention import SDPA_VARLEN

@@ -5,7 +5,7 @@ def main() -> None:
     from services.common.config import config_from_cli
 
     cfg, _ = config_from_cli(__doc__)
-    from .server import serve
+    from .service.server import serve
 
     serve(cfg.weightsync)
 

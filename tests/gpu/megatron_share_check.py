@@ -27,7 +27,7 @@ def main() -> None:
 
     from services.trainer.megatron import model as mm
     from services.trainer.megatron.engine import MegatronEngine
-    from services.weightsync.plan import ReceiverLayout, bucket_senders, make_plan
+    from services.weightsync.transfer.plan import ReceiverLayout, bucket_senders, make_plan
 
     folder, tied, split = Path(sys.argv[1]), sys.argv[2] == "tied", sys.argv[3]
     tp, pp = (2, 1) if split == "tp" else (1, 2)

@@ -239,7 +239,7 @@ def test_malformed_requests_are_rejected_and_the_server_keeps_serving(trainer):
 
 
 def test_save_writes_an_hf_checkpoint_with_the_trainers_weights(trainer):
-    from services.weightsync.checksum import tensor_checksum
+    from services.weightsync.kernels.checksum import tensor_checksum
 
     out = trainer["tmp"] / "saved"
     reply = trainer["stub"].Save(trainer_pb2.SaveRequest(path=str(out)), timeout=60)

@@ -10,9 +10,15 @@ from safetensors.torch import load_file
 from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weightsync_pb2, weightsync_pb2_grpc
 from services.common.grpcio import channel, wait_healthy
 from services.common.ports import free_port
-from services.weightsync.client import RefitError, publish
+from services.weightsync.transfer.sender import RefitError, Sender
 
 UCX_ENV = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+
+
+@pytest.fixture
+def publish():
+    """One sender per test, as a trainer process has one: its transfer groups last across its refits."""
+    return Sender().publish
 
 
 def _start(services, tiny_model, redis_url, engine: str, num_workers: int = 1, extra=(), env=None):
@@ -65,7 +71,7 @@ def _new_weights(tiny_model, seed: int) -> list[tuple[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize("engine", ["hf", "vllm"])
-def test_refit_is_verified_bit_for_bit(services, tiny_model, redis_url, engine):
+def test_refit_is_verified_bit_for_bit(services, tiny_model, redis_url, engine, publish):
     ws, rollouts = _start(services, tiny_model, redis_url, engine, num_workers=2 if engine == "hf" else 1)
     for version in (1, 2):
         named = _new_weights(tiny_model, seed=version)
@@ -84,7 +90,7 @@ def test_refit_is_verified_bit_for_bit(services, tiny_model, redis_url, engine):
         assert info.policy_version == 2
 
 
-def test_weights_arrive_in_the_dtype_the_engines_registered(services, tiny_model, redis_url):
+def test_weights_arrive_in_the_dtype_the_engines_registered(services, tiny_model, redis_url, publish):
     """A trainer holding other floats than the engine (bf16 here, fp32 masters on GPU) sends in the engine's
     dtype without being told: otherwise the engine casts on load and read-back checks compare nothing."""
     ws, _ = _start(services, tiny_model, redis_url, "hf")
@@ -106,7 +112,7 @@ def test_weights_arrive_in_the_dtype_the_engines_registered(services, tiny_model
         assert "weightsync.cast_dtype" in e.value.details()
 
 
-def test_a_cast_to_another_dtype_than_the_engines_is_loaded_and_reported(services, tiny_model, redis_url):
+def test_a_cast_to_another_dtype_than_the_engines_is_loaded_and_reported(services, tiny_model, redis_url, publish):
     """An explicit cast_dtype the engine does not hold: the engine casts on load, so nothing can be read back
     for comparison, and its log says why instead of verifying nothing in silence."""
     ws, _ = _start(services, tiny_model, redis_url, "hf", extra=['weightsync.cast_dtype="bfloat16"'])
@@ -136,7 +142,9 @@ def test_malformed_rpcs_get_invalid_argument_and_server_stays_up(services, tiny_
         assert stub.Status(weightsync_pb2.StatusRequest(), timeout=5).endpoints
 
 
-def test_receiver_killed_mid_refit_fails_within_deadline_and_next_refit_succeeds(services, tiny_model, redis_url):
+def test_receiver_killed_mid_refit_fails_within_deadline_and_next_refit_succeeds(
+    services, tiny_model, redis_url, publish
+):
     import time
 
     ws, rollouts = _start(services, tiny_model, redis_url, "hf", num_workers=2)
@@ -159,15 +167,15 @@ SENDER_KILLED_AFTER_FIRST_BUCKET = """
 import os, signal, sys
 import torch
 from safetensors.torch import load_file
-from services.weightsync import collective
-from services.weightsync.client import publish
+from services.weightsync.transports import collective
+from services.weightsync.transfer.sender import Sender
 
 sent = 0
 bcast = collective.CollectiveTransport._bcast
 
-def bcast_then_die(self, t):
+def bcast_then_die(self, pg, t, root=0):
     global sent
-    work = bcast(self, t)
+    work = bcast(self, pg, t, root)
     work.wait()
     sent += 1
     if sent == 2:  # the first bucket is through, the second on its way: die like an OOM-killed trainer
@@ -177,7 +185,7 @@ def bcast_then_die(self, t):
 collective.CollectiveTransport._bcast = bcast_then_die
 g = torch.Generator().manual_seed(7)
 named = [(n, torch.randn(t.shape, generator=g)) for n, t in sorted(load_file(sys.argv[2]).items())]
-publish(named, 2, sys.argv[1], bucket_bytes=4096, timeout_s=20, sender_id="trainer-under-test")
+Sender("trainer-under-test").publish(named, 2, sys.argv[1], bucket_bytes=4096, timeout_s=20)
 """
 
 
@@ -186,19 +194,20 @@ import json, sys
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
-from services.weightsync.share import publish_share, share_plan
-from services.weightsync.plan import layout_of
+from services.weightsync.transfer.plan import layout_of
+from services.weightsync.transfer.ranks import GroupRanks
+from services.weightsync.transfer.sender import Sender
 
 dist.init_process_group("gloo")
 ws, weights, out = sys.argv[1:4]
 if sys.argv[4:] == ["die"] and dist.get_rank() == 1:  # rank 1 dies once its first bucket is through
     import os, signal
-    from services.weightsync import collective
+    from services.weightsync.transports import collective
     bcast = collective.CollectiveTransport._bcast
 
-    def bcast_then_die(self, t, root=0):
-        work = bcast(self, t, root)
-        if root == self.rank:
+    def bcast_then_die(self, pg, t, root=0):
+        work = bcast(self, pg, t, root)
+        if root == dist.get_rank():
             work.wait()
             os.kill(os.getpid(), signal.SIGKILL)
         return work
@@ -206,10 +215,11 @@ if sys.argv[4:] == ["die"] and dist.get_rank() == 1:  # rank 1 dies once its fir
     collective.CollectiveTransport._bcast = bcast_then_die
 g = torch.Generator().manual_seed(5)
 named = [(n, torch.randn(t.shape, generator=g)) for n, t in sorted(load_file(weights).items())]
-share = share_plan(layout_of(named), ws, 4096, 20)
+sender = Sender("two-rank-trainer", GroupRanks())
+share = sender.plan(layout_of(named), ws, 4096, 20)
 owners = share.owners()
 mine = [(n, t) for n, t in named if owners[n] == dist.get_rank()]
-result = publish_share(mine, share, 4, ws, 20, sender_id="two-rank-trainer")
+result = sender.send(mine, share, 4, ws, 20)
 counts = [None] * dist.get_world_size()
 dist.all_gather_object(counts, len(mine))
 if result is not None:
@@ -219,7 +229,9 @@ dist.destroy_process_group()
 """
 
 
-def test_every_trainer_rank_sends_its_share_and_the_version_arrives_whole(services, tiny_model, redis_url, tmp_path):
+def test_every_trainer_rank_sends_its_share_and_the_version_arrives_whole(
+    services, tiny_model, redis_url, tmp_path, publish
+):
     import json
     import subprocess
     import sys
@@ -244,7 +256,7 @@ def test_every_trainer_rank_sends_its_share_and_the_version_arrives_whole(servic
 
 
 def test_a_sending_rank_killed_mid_refit_fails_it_within_the_deadline_and_the_next_refit_succeeds(
-    services, tiny_model, redis_url, tmp_path
+    services, tiny_model, redis_url, tmp_path, publish
 ):
     import subprocess
     import sys
@@ -295,7 +307,7 @@ def _wait_for(predicate, timeout_s: float, what: str):
 
 
 def test_sender_killed_mid_refit_fails_within_deadline_naming_it_and_next_refit_succeeds(
-    services, tiny_model, redis_url
+    services, tiny_model, redis_url, publish
 ):
     import time
 
@@ -320,7 +332,7 @@ def test_sender_killed_mid_refit_fails_within_deadline_naming_it_and_next_refit_
 
 
 def test_ucxx_refit_and_a_worker_joining_mid_run_pulls_the_current_version(
-    services, tiny_model, redis_url, monkeypatch
+    services, tiny_model, redis_url, monkeypatch, publish
 ):
     for k, v in UCX_ENV.items():
         monkeypatch.setenv(k, v)

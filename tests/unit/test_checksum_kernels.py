@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.weightsync import checksum as cs
-from services.weightsync.pack import pack_into, pack_sum64
-from services.weightsync.plan import ReceiverLayout, layout_of, make_plan
+from services.weightsync.kernels import checksum as cs
+from services.weightsync.transfer.pack import pack_into, pack_sum64
+from services.weightsync.transfer.plan import ReceiverLayout, layout_of, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 TILE = 256 * 64  # sum64_triton.BLOCK_LINES lines of 64 bytes
@@ -109,7 +109,7 @@ def check_readback_sums_in_one_launch_are_each_tensors_own(device: torch.device)
         ("empty", torch.zeros(0)),
     ]
     named = [(n, t.to(device)) for n, t in named]
-    got = cs.readback_checksums(named, "sum64")
+    got = cs.tensor_digests(named, "sum64")
     for name, t in named:
         b = t.contiguous().reshape(-1).view(torch.uint8).cpu()
         padded = torch.zeros(-(-b.numel() // 64) * 64, dtype=torch.uint8)

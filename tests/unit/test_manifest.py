@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from services.weightsync import checksum as cs
-from services.weightsync import manifest as mf
-from services.weightsync.pack import expected_tensor, new_ring, packed_buckets, unpack
-from services.weightsync.plan import ALIGN_BYTES, ReceiverLayout, bucket_senders, layout_of, make_plan
+from services.weightsync.kernels import checksum as cs
+from services.weightsync.transfer import manifest as mf
+from services.weightsync.transfer.pack import expected_tensor, new_ring, packed_buckets, unpack
+from services.weightsync.transfer.plan import ALIGN_BYTES, ReceiverLayout, bucket_senders, layout_of, make_plan
 
 
 def _named():
@@ -34,7 +34,7 @@ def test_pack_unpack_round_trip_is_bit_exact_through_the_wire_form(num_buffers):
     assert tensor_bytes <= plan.payload_bytes < tensor_bytes + ALIGN_BYTES * (len(named) + plan.num_buckets)
     assert plan.num_buckets >= 2  # "big" (16 KiB) exceeds a bucket: a bucket of its own
     assert sums == [cs.bucket_checksum(b, "crc32") for b in buckets]
-    received = mf.plan_of(mf.with_checksums(mf.to_manifest(plan, 3, "crc32"), sums))
+    received = mf.plan_of(mf.to_manifest(plan, 3, "crc32"))
     out = dict(unpack(buckets, received))
     for name, t in named:
         assert out[name].dtype == t.dtype and torch.equal(out[name], t)

@@ -1,20 +1,81 @@
+"""The transport contract: every registered transport implements all of it, and a gloo refit carries the
+buckets and the commit behind them."""
+
+import datetime
+import inspect
+import threading
 import types
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from services.weightsync.transport import TRANSPORTS, make_transport, resolve
+from services.common.ports import free_port
+from services.weightsync.transfer.manifest import Commit
+from services.weightsync.transfer.pack import new_ring, packed_buckets
+from services.weightsync.transfer.plan import ReceiverLayout, layout_of, make_plan
+from services.weightsync.transfer.receiver import receive_buckets
+from services.weightsync.transports import NAMES, REGISTRY, Transports, choose, kind
+from services.weightsync.transports.base import Transfer, Transport
+
+CONTRACT = [n for n, f in inspect.getmembers(Transport, inspect.isfunction) if not n.startswith("_")]
 
 
-def test_factory_names_the_choices():
-    group = types.SimpleNamespace(backend="smoke-signals")
+@pytest.mark.parametrize("name", NAMES)
+def test_every_registered_transport_implements_the_whole_contract(name):
+    cls = REGISTRY[name]
+    assert issubclass(cls, Transport) and not inspect.isabstract(cls), cls.__abstractmethods__
+    assert cls.name == name and cls.device_type in ("cpu", "cuda") and cls.max_senders >= 1
+    transport = cls()  # cheap: nothing is opened before a refit needs it
+    for method in CONTRACT:
+        ours, theirs = inspect.signature(getattr(Transport, method)), inspect.signature(getattr(cls, method))
+        assert list(theirs.parameters) == list(ours.parameters), (name, method)
+        assert callable(getattr(transport, method))
+
+
+def test_the_registry_names_the_choices():
     with pytest.raises(ValueError) as e:
-        make_transport(group, None)
-    assert all(t in str(e.value) for t in TRANSPORTS)
+        kind("smoke-signals")
+    assert all(t in str(e.value) for t in NAMES)
 
 
 def test_auto_is_gloo_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    assert resolve("auto") == "gloo"
-    assert resolve("ucxx") == "ucxx"
+    assert choose("auto") == "gloo"
+    assert choose("ucxx") == "ucxx"
+
+
+def test_a_gloo_refit_carries_every_bucket_and_then_the_commit():
+    port = free_port()
+    master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(30))
+    g = torch.Generator().manual_seed(0)
+    named = [(f"t{i}", torch.randn(40 + i, generator=g)) for i in range(5)]
+    plan = make_plan(layout_of(named), ReceiverLayout(), 256)
+    commit = Commit(("a", "b"))
+
+    def transfer(rank: int) -> Transfer:
+        group = types.SimpleNamespace(
+            store_host="127.0.0.1", store_port=port, prefix="t", world_size=2, rank=rank, backend="gloo", timeout_s=30
+        )
+        return Transfer(group, None, "tag")
+
+    got = {}
+
+    def receive() -> None:
+        transport = Transports().get("gloo")
+        got["buckets"], got["sums"] = receive_buckets(transport, transfer(1), list(plan.bucket_nbytes), "crc32")
+        got["commit"] = Commit.decode(transport.receive_commit(transfer(1)))
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    sender, sums = Transports().get("gloo"), []
+    ring = new_ring(plan, torch.device("cpu"), 2)
+    sent = [b.clone() for _, b in packed_buckets(plan, dict(named), ring, [])]
+    buckets = packed_buckets(plan, dict(named), ring, sums)
+    sender.send(transfer(0), buckets, plan.bucket_nbytes, (0,) * plan.num_buckets)
+    sender.send_commit(transfer(0), commit.encode())
+    thread.join(30)
+    assert got["sums"] == sums and all(torch.equal(a, b) for a, b in zip(got["buckets"], sent, strict=True))
+    assert got["commit"] == commit
+    del master

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.grpo.v1 import weights_pb2 as protos_dot_grpo_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/grpo/v1/rollout.proto\x12\x07grpo.v1\x1a\x1cprotos/grpo/v1/weights.proto\"\r\n\x0bInfoRequest\"_\n\tInfoReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x17\n\x0fnum_groups_done\x18\x04 \x01(\x04\"\xb5\x01\n\x12LoadWeightsRequest\x12)\n\x08manifest\x18\x01 \x01(\x0b\x32\x17.grpo.v1.WeightManifest\x12%\n\x05group\x18\x02 \x01(\x0b\x32\x16.grpo.v1.TransferGroup\x12#\n\x06source\x18\x03 \x01(\x0b\x32\x13.grpo.v1.DataSource\x12\x10\n\x08refit_id\x18\x04 \x01(\t\x12\x16\n\x0e\x63ommit_address\x18\x05 \x01(\t\"\xde\x01\n\x10LoadWeightsReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x19\n\x11received_checksum\x18\x02 \x01(\t\x12L\n\x12readback_checksums\x18\x03 \x03(\x0b\x32\x30.grpo.v1.LoadWeightsReply.ReadbackChecksumsEntry\x12\x0f\n\x07\x61pply_s\x18\x04 \x01(\x01\x1a\x38\n\x16ReadbackChecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x82\x01\n\x07Rollout\x12\x30\n\x04Info\x12\x14.grpo.v1.InfoRequest\x1a\x12.grpo.v1.InfoReply\x12\x45\n\x0bLoadWeights\x12\x1b.grpo.v1.LoadWeightsRequest\x1a\x19.grpo.v1.LoadWeightsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/grpo/v1/rollout.proto\x12\x07grpo.v1\x1a\x1cprotos/grpo/v1/weights.proto\"\r\n\x0bInfoRequest\"_\n\tInfoReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x17\n\x0fnum_groups_done\x18\x04 \x01(\x04\"\xa3\x01\n\x12LoadWeightsRequest\x12)\n\x08manifest\x18\x01 \x01(\x0b\x32\x17.grpo.v1.WeightManifest\x12%\n\x05group\x18\x02 \x01(\x0b\x32\x16.grpo.v1.TransferGroup\x12#\n\x06source\x18\x03 \x01(\x0b\x32\x13.grpo.v1.DataSource\x12\x10\n\x08refit_id\x18\x04 \x01(\tJ\x04\x08\x05\x10\x06\"\xde\x01\n\x10LoadWeightsReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12\x19\n\x11received_checksum\x18\x02 \x01(\t\x12L\n\x12readback_checksums\x18\x03 \x03(\x0b\x32\x30.grpo.v1.LoadWeightsReply.ReadbackChecksumsEntry\x12\x0f\n\x07\x61pply_s\x18\x04 \x01(\x01\x1a\x38\n\x16ReadbackChecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x82\x01\n\x07Rollout\x12\x30\n\x04Info\x12\x14.grpo.v1.InfoRequest\x1a\x12.grpo.v1.InfoReply\x12\x45\n\x0bLoadWeights\x12\x1b.grpo.v1.LoadWeightsRequest\x1a\x19.grpo.v1.LoadWeightsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,11 +39,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INFOREPLY']._serialized_start=86
   _globals['_INFOREPLY']._serialized_end=181
   _globals['_LOADWEIGHTSREQUEST']._serialized_start=184
-  _globals['_LOADWEIGHTSREQUEST']._serialized_end=365
-  _globals['_LOADWEIGHTSREPLY']._serialized_start=368
-  _globals['_LOADWEIGHTSREPLY']._serialized_end=590
-  _globals['_LOADWEIGHTSREPLY_READBACKCHECKSUMSENTRY']._serialized_start=534
-  _globals['_LOADWEIGHTSREPLY_READBACKCHECKSUMSENTRY']._serialized_end=590
-  _globals['_ROLLOUT']._serialized_start=593
-  _globals['_ROLLOUT']._serialized_end=723
+  _globals['_LOADWEIGHTSREQUEST']._serialized_end=347
+  _globals['_LOADWEIGHTSREPLY']._serialized_start=350
+  _globals['_LOADWEIGHTSREPLY']._serialized_end=572
+  _globals['_LOADWEIGHTSREPLY_READBACKCHECKSUMSENTRY']._serialized_start=516
+  _globals['_LOADWEIGHTSREPLY_READBACKCHECKSUMSENTRY']._serialized_end=572
+  _globals['_ROLLOUT']._serialized_start=575
+  _globals['_ROLLOUT']._serialized_end=705
 # @@protoc_insertion_point(module_scope)

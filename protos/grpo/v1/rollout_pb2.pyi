@@ -24,18 +24,16 @@ class InfoReply(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., engine: _Optional[str] = ..., policy_version: _Optional[int] = ..., num_groups_done: _Optional[int] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ("manifest", "group", "source", "refit_id", "commit_address")
+    __slots__ = ("manifest", "group", "source", "refit_id")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     REFIT_ID_FIELD_NUMBER: _ClassVar[int]
-    COMMIT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     manifest: _weights_pb2.WeightManifest
     group: _weights_pb2.TransferGroup
     source: _weights_pb2.DataSource
     refit_id: str
-    commit_address: str
-    def __init__(self, manifest: _Optional[_Union[_weights_pb2.WeightManifest, _Mapping]] = ..., group: _Optional[_Union[_weights_pb2.TransferGroup, _Mapping]] = ..., source: _Optional[_Union[_weights_pb2.DataSource, _Mapping]] = ..., refit_id: _Optional[str] = ..., commit_address: _Optional[str] = ...) -> None: ...
+    def __init__(self, manifest: _Optional[_Union[_weights_pb2.WeightManifest, _Mapping]] = ..., group: _Optional[_Union[_weights_pb2.TransferGroup, _Mapping]] = ..., source: _Optional[_Union[_weights_pb2.DataSource, _Mapping]] = ..., refit_id: _Optional[str] = ...) -> None: ...
 
 class LoadWeightsReply(_message.Message):
     __slots__ = ("policy_version", "received_checksum", "readback_checksums", "apply_s")

@@ -23,32 +23,28 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., bucket: _Optional[int] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class BucketSpec(_message.Message):
-    __slots__ = ("index", "nbytes", "checksum", "sender")
+    __slots__ = ("index", "nbytes", "sender")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
-    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     index: int
     nbytes: int
-    checksum: str
     sender: int
-    def __init__(self, index: _Optional[int] = ..., nbytes: _Optional[int] = ..., checksum: _Optional[str] = ..., sender: _Optional[int] = ...) -> None: ...
+    def __init__(self, index: _Optional[int] = ..., nbytes: _Optional[int] = ..., sender: _Optional[int] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("policy_version", "tensors", "buckets", "checksum", "payload_bytes", "checksum_algo")
+    __slots__ = ("policy_version", "tensors", "buckets", "payload_bytes", "checksum_algo")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
-    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGO_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     buckets: _containers.RepeatedCompositeFieldContainer[BucketSpec]
-    checksum: str
     payload_bytes: int
     checksum_algo: str
-    def __init__(self, policy_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketSpec, _Mapping]]] = ..., checksum: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., checksum_algo: _Optional[str] = ...) -> None: ...
+    def __init__(self, policy_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketSpec, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., checksum_algo: _Optional[str] = ...) -> None: ...
 
 class TransferGroup(_message.Message):
     __slots__ = ("store_host", "store_port", "prefix", "world_size", "rank", "backend", "timeout_s", "num_senders")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.grpo.v1 import weights_pb2 as protos_dot_grpo_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/grpo/v1/weightsync.proto\x12\x07grpo.v1\x1a\x1cprotos/grpo/v1/weights.proto\"D\n\x08\x45ndpoint\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\"\'\n\rRegisterReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\"\x0f\n\rLayoutRequest\"m\n\x0eReceiverLayout\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x12\n\ncast_dtype\x18\x02 \x01(\t\x12\x0c\n\x04\x66use\x18\x03 \x03(\t\x12\x13\n\x0bnum_buffers\x18\x04 \x01(\r\x12\x11\n\tucxx_host\x18\x05 \x01(\t\"\x88\x01\n\x0ePublishRequest\x12)\n\x08manifest\x18\x01 \x01(\x0b\x32\x17.grpo.v1.WeightManifest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12#\n\x06source\x18\x03 \x01(\x0b\x32\x13.grpo.v1.DataSource\x12\x13\n\x0bnum_senders\x18\x04 \x01(\r\"^\n\x0cPublishReply\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12%\n\x05group\x18\x02 \x01(\x0b\x32\x16.grpo.v1.TransferGroup\x12\x15\n\rnum_endpoints\x18\x03 \x01(\r\"\\\n\rCommitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x18\n\x10\x62ucket_checksums\x18\x02 \x03(\t\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\r\n\x0b\x43ommitReply\"9\n\x12\x41waitCommitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"3\n\x0c\x41waitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\"\xf2\x01\n\x0e\x45ndpointResult\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x19\n\x11received_checksum\x18\x04 \x01(\t\x12J\n\x12readback_checksums\x18\x05 \x03(\x0b\x32..grpo.v1.EndpointResult.ReadbackChecksumsEntry\x12\x0f\n\x07\x61pply_s\x18\x06 \x01(\x01\x1a\x38\n\x16ReadbackChecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"N\n\nAwaitReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12(\n\x07results\x18\x02 \x03(\x0b\x32\x17.grpo.v1.EndpointResult\"\x0f\n\rStatusRequest\"h\n\x0e\x45ndpointStatus\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x04\x12\x12\n\nlast_error\x18\x04 \x01(\t\"Q\n\x0bStatusReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12*\n\tendpoints\x18\x02 \x03(\x0b\x32\x17.grpo.v1.EndpointStatus2\xbf\x03\n\nWeightSync\x12=\n\x10RegisterEndpoint\x12\x11.grpo.v1.Endpoint\x1a\x16.grpo.v1.RegisterReply\x12\x39\n\x06Layout\x12\x16.grpo.v1.LayoutRequest\x1a\x17.grpo.v1.ReceiverLayout\x12@\n\x0ePublishVersion\x12\x17.grpo.v1.PublishRequest\x1a\x15.grpo.v1.PublishReply\x12:\n\x0c\x41waitVersion\x12\x15.grpo.v1.AwaitRequest\x1a\x13.grpo.v1.AwaitReply\x12=\n\rCommitVersion\x12\x16.grpo.v1.CommitRequest\x1a\x14.grpo.v1.CommitReply\x12\x42\n\x0b\x41waitCommit\x12\x1b.grpo.v1.AwaitCommitRequest\x1a\x16.grpo.v1.CommitRequest\x12\x36\n\x06Status\x12\x16.grpo.v1.StatusRequest\x1a\x14.grpo.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fprotos/grpo/v1/weightsync.proto\x12\x07grpo.v1\x1a\x1cprotos/grpo/v1/weights.proto\"D\n\x08\x45ndpoint\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\"\'\n\rRegisterReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\"\x0f\n\rLayoutRequest\"m\n\x0eReceiverLayout\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x12\n\ncast_dtype\x18\x02 \x01(\t\x12\x0c\n\x04\x66use\x18\x03 \x03(\t\x12\x13\n\x0bnum_buffers\x18\x04 \x01(\r\x12\x11\n\tucxx_host\x18\x05 \x01(\t\"\x88\x01\n\x0ePublishRequest\x12)\n\x08manifest\x18\x01 \x01(\x0b\x32\x17.grpo.v1.WeightManifest\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12#\n\x06source\x18\x03 \x01(\x0b\x32\x13.grpo.v1.DataSource\x12\x13\n\x0bnum_senders\x18\x04 \x01(\r\"^\n\x0cPublishReply\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12%\n\x05group\x18\x02 \x01(\x0b\x32\x16.grpo.v1.TransferGroup\x12\x15\n\rnum_endpoints\x18\x03 \x01(\r\"I\n\x0c\x41waitRequest\x12\x10\n\x08refit_id\x18\x01 \x01(\t\x12\x11\n\ttimeout_s\x18\x02 \x01(\x01\x12\x14\n\x0csender_error\x18\x03 \x01(\t\"\xf2\x01\n\x0e\x45ndpointResult\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x19\n\x11received_checksum\x18\x04 \x01(\t\x12J\n\x12readback_checksums\x18\x05 \x03(\x0b\x32..grpo.v1.EndpointResult.ReadbackChecksumsEntry\x12\x0f\n\x07\x61pply_s\x18\x06 \x01(\x01\x1a\x38\n\x16ReadbackChecksumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"N\n\nAwaitReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12(\n\x07results\x18\x02 \x03(\x0b\x32\x17.grpo.v1.EndpointResult\"\x0f\n\rStatusRequest\"h\n\x0e\x45ndpointStatus\x12\x13\n\x0b\x65ndpoint_id\x18\x01 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x04\x12\x12\n\nlast_error\x18\x04 \x01(\t\"Q\n\x0bStatusReply\x12\x16\n\x0epolicy_version\x18\x01 \x01(\x04\x12*\n\tendpoints\x18\x02 \x03(\x0b\x32\x17.grpo.v1.EndpointStatus2\xbc\x02\n\nWeightSync\x12=\n\x10RegisterEndpoint\x12\x11.grpo.v1.Endpoint\x1a\x16.grpo.v1.RegisterReply\x12\x39\n\x06Layout\x12\x16.grpo.v1.LayoutRequest\x1a\x17.grpo.v1.ReceiverLayout\x12@\n\x0ePublishVersion\x12\x17.grpo.v1.PublishRequest\x1a\x15.grpo.v1.PublishReply\x12:\n\x0c\x41waitVersion\x12\x15.grpo.v1.AwaitRequest\x1a\x13.grpo.v1.AwaitReply\x12\x36\n\x06Status\x12\x16.grpo.v1.StatusRequest\x1a\x14.grpo.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,26 +46,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUBLISHREQUEST']._serialized_end=450
   _globals['_PUBLISHREPLY']._serialized_start=452
   _globals['_PUBLISHREPLY']._serialized_end=546
-  _globals['_COMMITREQUEST']._serialized_start=548
-  _globals['_COMMITREQUEST']._serialized_end=640
-  _globals['_COMMITREPLY']._serialized_start=642
-  _globals['_COMMITREPLY']._serialized_end=655
-  _globals['_AWAITCOMMITREQUEST']._serialized_start=657
-  _globals['_AWAITCOMMITREQUEST']._serialized_end=714
-  _globals['_AWAITREQUEST']._serialized_start=716
-  _globals['_AWAITREQUEST']._serialized_end=767
-  _globals['_ENDPOINTRESULT']._serialized_start=770
-  _globals['_ENDPOINTRESULT']._serialized_end=1012
-  _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._serialized_start=956
-  _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._serialized_end=1012
-  _globals['_AWAITREPLY']._serialized_start=1014
-  _globals['_AWAITREPLY']._serialized_end=1092
-  _globals['_STATUSREQUEST']._serialized_start=1094
-  _globals['_STATUSREQUEST']._serialized_end=1109
-  _globals['_ENDPOINTSTATUS']._serialized_start=1111
-  _globals['_ENDPOINTSTATUS']._serialized_end=1215
-  _globals['_STATUSREPLY']._serialized_start=1217
-  _globals['_STATUSREPLY']._serialized_end=1298
-  _globals['_WEIGHTSYNC']._serialized_start=1301
-  _globals['_WEIGHTSYNC']._serialized_end=1748
+  _globals['_AWAITREQUEST']._serialized_start=548
+  _globals['_AWAITREQUEST']._serialized_end=621
+  _globals['_ENDPOINTRESULT']._serialized_start=624
+  _globals['_ENDPOINTRESULT']._serialized_end=866
+  _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._serialized_start=810
+  _globals['_ENDPOINTRESULT_READBACKCHECKSUMSENTRY']._serialized_end=866
+  _globals['_AWAITREPLY']._serialized_start=868
+  _globals['_AWAITREPLY']._serialized_end=946
+  _globals['_STATUSREQUEST']._serialized_start=948
+  _globals['_STATUSREQUEST']._serialized_end=963
+  _globals['_ENDPOINTSTATUS']._serialized_start=965
+  _globals['_ENDPOINTSTATUS']._serialized_end=1069
+  _globals['_STATUSREPLY']._serialized_start=1071
+  _globals['_STATUSREPLY']._serialized_end=1152
+  _globals['_WEIGHTSYNC']._serialized_start=1155
+  _globals['_WEIGHTSYNC']._serialized_end=1471
 # @@protoc_insertion_point(module_scope)

@@ -63,37 +63,15 @@ class PublishReply(_message.Message):
     num_endpoints: int
     def __init__(self, refit_id: _Optional[str] = ..., group: _Optional[_Union[_weights_pb2.TransferGroup, _Mapping]] = ..., num_endpoints: _Optional[int] = ...) -> None: ...
 
-class CommitRequest(_message.Message):
-    __slots__ = ("refit_id", "bucket_checksums", "checksum", "error")
-    REFIT_ID_FIELD_NUMBER: _ClassVar[int]
-    BUCKET_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
-    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
-    ERROR_FIELD_NUMBER: _ClassVar[int]
-    refit_id: str
-    bucket_checksums: _containers.RepeatedScalarFieldContainer[str]
-    checksum: str
-    error: str
-    def __init__(self, refit_id: _Optional[str] = ..., bucket_checksums: _Optional[_Iterable[str]] = ..., checksum: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
-
-class CommitReply(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
-class AwaitCommitRequest(_message.Message):
-    __slots__ = ("refit_id", "timeout_s")
-    REFIT_ID_FIELD_NUMBER: _ClassVar[int]
-    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
-    refit_id: str
-    timeout_s: float
-    def __init__(self, refit_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
-
 class AwaitRequest(_message.Message):
-    __slots__ = ("refit_id", "timeout_s")
+    __slots__ = ("refit_id", "timeout_s", "sender_error")
     REFIT_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SENDER_ERROR_FIELD_NUMBER: _ClassVar[int]
     refit_id: str
     timeout_s: float
-    def __init__(self, refit_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    sender_error: str
+    def __init__(self, refit_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., sender_error: _Optional[str] = ...) -> None: ...
 
 class EndpointResult(_message.Message):
     __slots__ = ("endpoint_id", "ok", "error", "received_checksum", "readback_checksums", "apply_s")

@@ -54,16 +54,6 @@ class WeightSyncStub:
                 request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitRequest.SerializeToString,
                 response_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitReply.FromString,
                 _registered_method=True)
-        self.CommitVersion = channel.unary_unary(
-                '/grpo.v1.WeightSync/CommitVersion',
-                request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.SerializeToString,
-                response_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitReply.FromString,
-                _registered_method=True)
-        self.AwaitCommit = channel.unary_unary(
-                '/grpo.v1.WeightSync/AwaitCommit',
-                request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitCommitRequest.SerializeToString,
-                response_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.FromString,
-                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/grpo.v1.WeightSync/Status',
                 request_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.StatusRequest.SerializeToString,
@@ -75,7 +65,7 @@ class WeightSyncServicer:
     """Missing associated documentation comment in .proto file."""
 
     def RegisterEndpoint(self, request, context):
-        """Register a rollout endpoint; with a ucxx source it pulls the current version right away.
+        """Register a rollout endpoint; over a joinable transport (ucxx) it pulls the current version right away.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -88,28 +78,17 @@ class WeightSyncServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PublishVersion(self, request, context):
-        """Announce a version; the service starts every endpoint receiving and returns the sender's group.
+        """Announce a version; the service starts every endpoint receiving (Rollout.LoadWeights) and returns the
+        sender's group.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AwaitVersion(self, request, context):
-        """Wait until every endpoint of a refit has applied and verified it (or failed).
+        """Sender, once it sent every bucket and the commit: wait until every endpoint of the refit has
+        applied and verified it (or failed).
         """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def CommitVersion(self, request, context):
-        """Sender -> service: bucket checksums once every bucket is sent. Receivers -> service: wait for them.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def AwaitCommit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -142,16 +121,6 @@ def add_WeightSyncServicer_to_server(servicer, server):
                     servicer.AwaitVersion,
                     request_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitRequest.FromString,
                     response_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitReply.SerializeToString,
-            ),
-            'CommitVersion': grpc.unary_unary_rpc_method_handler(
-                    servicer.CommitVersion,
-                    request_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.FromString,
-                    response_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitReply.SerializeToString,
-            ),
-            'AwaitCommit': grpc.unary_unary_rpc_method_handler(
-                    servicer.AwaitCommit,
-                    request_deserializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitCommitRequest.FromString,
-                    response_serializer=protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -267,60 +236,6 @@ class WeightSync:
             '/grpo.v1.WeightSync/AwaitVersion',
             protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitRequest.SerializeToString,
             protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CommitVersion(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/grpo.v1.WeightSync/CommitVersion',
-            protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.SerializeToString,
-            protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def AwaitCommit(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/grpo.v1.WeightSync/AwaitCommit',
-            protos_dot_grpo_dot_v1_dot_weightsync__pb2.AwaitCommitRequest.SerializeToString,
-            protos_dot_grpo_dot_v1_dot_weightsync__pb2.CommitRequest.FromString,
             options,
             channel_credentials,
             insecure,

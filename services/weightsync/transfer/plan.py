@@ -80,6 +80,13 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a name dtype_name gave ("bfloat16", ...)."""
+    dtype = getattr(torch, name)
+    assert isinstance(dtype, torch.dtype), name
+    return dtype
+
+
 def layout_of(named: list[tuple[str, torch.Tensor]]) -> SenderLayout:
     return tuple((n, dtype_name(t.dtype), tuple(t.shape)) for n, t in named)
 
@@ -89,7 +96,7 @@ def _align(n: int) -> int:
 
 
 def _element_size(dtype: str) -> int:
-    return torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return torch.empty((), dtype=torch_dtype(dtype)).element_size()
 
 
 def _fused_groups(sender: SenderLayout, fuse: tuple[str, ...]) -> dict[str, tuple[str, tuple[str, ...]]]:
@@ -125,7 +132,7 @@ def _receiver_tensors(sender: SenderLayout, receiver: ReceiverLayout) -> list[tu
             continue
         else:
             sources = (name,)
-        floating = getattr(torch, dtype).is_floating_point
+        floating = torch_dtype(dtype).is_floating_point
         out.append((name, receiver.cast_dtype if receiver.cast_dtype and floating else dtype, shape, sources))
     return out
 

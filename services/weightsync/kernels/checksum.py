@@ -1,7 +1,7 @@
 """Bucket checksums: CRC-32 over host bytes, or a position-weighted 64-bit sum computed where the bytes are.
 
-CRC-32 (zlib, 5 GiB/s on one core here against blake2b's 1.2) keeps the check off the critical path of a
-CPU refit; like any CRC it catches every burst error up to 32 bits and random corruption but for 2**-32.
+CRC-32 (zlib, several times blake2b's speed on one core: bench/README.md) keeps the check off the critical
+path of a CPU refit; like any CRC it catches every burst error up to 32 bits and random corruption but for 2**-32.
 
 Moving a GPU bucket to the host only to hash it would cost more than the transfer, so device buckets
 use `sum64`: exact integer arithmetic (wrapping mod 2**64), identical on CPU and GPU. On CUDA a Triton
@@ -32,14 +32,14 @@ def tensor_checksum(t: torch.Tensor) -> str:
     return blake2b_hex(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
 
 
-def readback_checksums(named: list[tuple[str, torch.Tensor]], algo: str) -> dict[str, str]:
-    """Checksums of tensors read back from an engine (or what the sender expects there), in the family of
-    the refit's bucket checksums: for "sum64" each tensor's bytes (zero-padded to whole words) are summed
-    on their device, one host sync for all; otherwise blake2b on the host.
+def tensor_digests(named: list[tuple[str, torch.Tensor]], algo: str) -> dict[str, str]:
+    """Checksums of whole tensors (what an engine holds after a refit, or what the sender expects there), in
+    the family of the refit's bucket checksums: for "sum64" each tensor's bytes (zero-padded to whole
+    words) are summed on their device, one host sync for all; otherwise blake2b on the host.
 
-    Hashing on the host moved about 10 % of a GPU model through it each refit, on both sides: a
-    colocated refit at 1.5B took 1.31-1.55 s with it, 0.15 s without. Where the kernels run, every
-    tensor that is whole words goes to one launch: a launch per tensor (255 at 1.3B) took 20-30 ms.
+    Hashing on the host would move every checked tensor through it each refit, on both sides (its cost:
+    bench/README.md, "Read-back checks"). Where the kernels run, every tensor that is whole words goes to
+    one launch: a launch per tensor costs more host time than the reads take.
     """
     if algo != "sum64":
         return {name: tensor_checksum(t) for name, t in named}

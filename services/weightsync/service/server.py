@@ -25,7 +25,7 @@ def serve(cfg: WeightsyncSection) -> None:
         timeout=datetime.timedelta(seconds=cfg.timeout_s),
     )
     server, port = make_server(cfg.host, cfg.grpc_port)
-    servicer = WeightSyncServicer(cfg, store.port, f"{cfg.host}:{port}")
+    servicer = WeightSyncServicer(cfg, store.port)
     weightsync_pb2_grpc.add_WeightSyncServicer_to_server(servicer, server)
     logging.info("serving on %s:%d, transfer store on port %d (%s)", cfg.host, port, store.port, servicer.transport)
     serve_until_signal(server)

@@ -12,13 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from . import checksum as cs
-from .plan import ALIGN_BYTES, Slot, TransferPlan
+from ..kernels import checksum as cs
+from .plan import ALIGN_BYTES, Slot, TransferPlan, torch_dtype
 
 
 def slot_view(buf: torch.Tensor, slot: Slot) -> torch.Tensor:
     """The slot's tensor inside a bucket buffer, at its dtype and shape, without copying."""
-    return buf[slot.offset : slot.offset + slot.nbytes].view(getattr(torch, slot.dtype)).view(slot.shape)
+    return buf[slot.offset : slot.offset + slot.nbytes].view(torch_dtype(slot.dtype)).view(slot.shape)
 
 
 def pack_into(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[str, torch.Tensor]) -> None:
@@ -70,7 +70,7 @@ def _spans(plan: TransferPlan, index: int, lookup) -> list[tuple[torch.Tensor, t
     in order; a fused slot's sources are consecutive row ranges of it."""
     out = []
     for slot in plan.by_bucket[index]:
-        dtype, offset = getattr(torch, slot.dtype), slot.offset
+        dtype, offset = torch_dtype(slot.dtype), slot.offset
         for name in slot.sources:
             src = lookup[name]
             nbytes = src.numel() * dtype.itemsize
@@ -88,7 +88,7 @@ def expected_tensor(slot: Slot, lookup: dict[str, torch.Tensor]) -> torch.Tensor
     """What the receiver should hold under slot.name (fused and cast), for read-back checks."""
     parts = [lookup[n].detach() for n in slot.sources]
     t = torch.cat(parts) if len(parts) > 1 else parts[0]
-    return t.to(getattr(torch, slot.dtype))
+    return t.to(torch_dtype(slot.dtype))
 
 
 def unpack(buckets: list[torch.Tensor], plan: TransferPlan) -> list[tuple[str, torch.Tensor]]:

@@ -1,0 +1,47 @@
+"""What the weightsync service keeps: one record per rollout endpoint, one per refit in flight."""
+
+from __future__ import annotations
+
+from concurrent import futures
+from dataclasses import dataclass, field
+
+from protos.grpo.v1 import weightsync_pb2
+
+
+@dataclass(slots=True)
+class EndpointRecord:
+    """A registered rollout endpoint and how its refits went."""
+
+    endpoint_id: str
+    address: str
+    """host:port of its Rollout service."""
+    dtype: str = ""
+    """Dtype of the engine's floating weights ("" = not said)."""
+    applied_version: int = 0
+    last_error: str = ""
+    """Why its last refit failed ("" after a success)."""
+
+    def status(self) -> weightsync_pb2.EndpointStatus:
+        return weightsync_pb2.EndpointStatus(
+            endpoint_id=self.endpoint_id,
+            grpc_address=self.address,
+            applied_version=self.applied_version,
+            last_error=self.last_error,
+        )
+
+
+@dataclass(slots=True)
+class RefitRecord:
+    """One announced version: what the sender published, and each endpoint's LoadWeights call."""
+
+    request: weightsync_pb2.PublishRequest
+    calls: dict[str, futures.Future] = field(default_factory=dict)
+    """Endpoint id -> its LoadWeights call, in rank order (a joiner's pull is not one of them)."""
+
+    @property
+    def version(self) -> int:
+        return self.request.manifest.policy_version
+
+    @property
+    def timeout_s(self) -> float:
+        return self.request.timeout_s

@@ -1,0 +1,217 @@
+"""WeightSync control service: endpoint registry, layouts, transfer groups, refit completion.
+
+One refit: the sender asks for the Layout, announces the version (PublishVersion), whereupon the service
+calls every endpoint's LoadWeights; the bytes and the sender's commit go over the data plane, straight
+from sender to receivers; the sender then waits for the endpoints' outcomes (AwaitVersion). Nobody calls
+back into a service that is waiting on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from concurrent import futures
+
+import grpc
+
+from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2, weightsync_pb2, weightsync_pb2_grpc
+from services.common.config import WeightsyncSection
+from services.common.grpcio import PreconditionError, channel, servicer_edge
+
+from ..transfer.plan import CAST_DTYPES
+from ..transports import choose, kind, several_senders
+from .endpoints import EndpointRecord, RefitRecord
+
+log = logging.getLogger(__name__)
+_MAX_KEPT_REFITS = 8  # refits nobody awaited (their sender died) are forgotten after this many newer ones
+
+
+class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
+    def __init__(self, cfg: WeightsyncSection, store_port: int):
+        self.cfg, self.store_port = cfg, store_port
+        self.transport = choose(cfg.transport)
+        self._kind = kind(self.transport)
+        self._lock = threading.Lock()
+        self._endpoints: dict[str, EndpointRecord] = {}
+        self._refits: dict[str, RefitRecord] = {}
+        self._latest: str = ""  # refit id of the newest committed version that a joiner can pull
+        self._version = 0
+        self._epoch = 0
+        self._group_members: tuple = ()  # (sender_id, num_senders, endpoint ids) of the current group
+        self._pool = futures.ThreadPoolExecutor(max_workers=32)
+
+    @servicer_edge
+    def RegisterEndpoint(self, request, context):
+        if not request.endpoint_id or ":" not in request.grpc_address:
+            raise ValueError(f"endpoint needs an id and a host:port address, got {request!r}")
+        if request.dtype and request.dtype not in CAST_DTYPES:
+            raise ValueError(f"endpoint dtype must be one of {CAST_DTYPES} or empty, got {request.dtype!r}")
+        with self._lock:
+            record = self._endpoints.setdefault(
+                request.endpoint_id, EndpointRecord(request.endpoint_id, request.grpc_address)
+            )
+            record.address, record.dtype = request.grpc_address, request.dtype
+            refit = self._refits.get(self._latest)
+        if refit is not None:
+            # A joiner pulls the current version by itself; the others are not involved.
+            self._fan_out(refit, self._latest, [record], self._pull_group(refit))
+        return weightsync_pb2.RegisterReply(policy_version=self._version)
+
+    @servicer_edge
+    def Layout(self, request, context):
+        c = self.cfg
+        return weightsync_pb2.ReceiverLayout(
+            transport=self.transport,
+            cast_dtype=c.cast_dtype or self._engine_dtype(),
+            fuse=list(c.fuse),
+            num_buffers=c.num_buffers,
+            ucxx_host=c.ucxx_host,
+        )
+
+    def _engine_dtype(self) -> str:
+        """The dtype every registered engine holds its weights in, so that a trainer with fp32 master
+        weights sends bf16 to bf16 engines (half the bytes, and read-back checks that compare like with
+        like); "" where none said."""
+        with self._lock:
+            said = {e.endpoint_id: e.dtype for e in self._endpoints.values() if e.dtype}
+        if len(set(said.values())) > 1:
+            raise PreconditionError(f"rollout endpoints hold different dtypes {said}: set weightsync.cast_dtype")
+        return next(iter(said.values()), "")
+
+    @servicer_edge
+    def PublishVersion(self, request, context):
+        num_senders = self._check_publish(request)
+        refit_id, refit = uuid.uuid4().hex, RefitRecord(request)
+        with self._lock:
+            targets = [self._endpoints[e] for e in sorted(self._endpoints)]
+            if not targets:
+                raise PreconditionError("no rollout endpoint registered")
+            group = self._group(request, num_senders, tuple(e.endpoint_id for e in targets))
+            self._refits[refit_id] = refit
+            for old in list(self._refits)[:-_MAX_KEPT_REFITS]:
+                if old != self._latest:
+                    del self._refits[old]
+        refit.calls = self._fan_out(refit, refit_id, targets, group)
+        return weightsync_pb2.PublishReply(refit_id=refit_id, group=group, num_endpoints=len(targets))
+
+    def _check_publish(self, request: weightsync_pb2.PublishRequest) -> int:
+        """The request's number of senders, once the request is found sound."""
+        m = request.manifest
+        if not m.buckets or not m.tensors:
+            raise ValueError("manifest needs tensors and buckets")
+        if request.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {request.timeout_s}")
+        num_senders = max(1, request.num_senders)
+        if num_senders > self._kind.max_senders:
+            raise ValueError(
+                f"several senders need a collective transport ({', '.join(several_senders())}), not {self.transport}"
+            )
+        bad = [b.index for b in m.buckets if b.sender >= num_senders]
+        if bad:
+            raise ValueError(f"buckets {bad[:5]} name a sender outside the {num_senders} senders")
+        return num_senders
+
+    def _group(self, request, num_senders: int, members: tuple[str, ...]) -> weights_pb2.TransferGroup:
+        """The sender's view of this refit's group (it is rank 0). Called under the lock."""
+        # A new membership, a new sender (a restarted trainer) or a failed transfer needs a new
+        # rendezvous: receivers would otherwise wait in the old group for a sender that left it.
+        if (request.source.sender_id, num_senders, members) != self._group_members:
+            self._epoch, self._group_members = self._epoch + 1, (request.source.sender_id, num_senders, members)
+        return weights_pb2.TransferGroup(
+            store_host=self.cfg.host,
+            store_port=self.store_port,
+            prefix=f"refit/{self._epoch}",
+            world_size=len(members) + num_senders,
+            rank=0,
+            backend=self.transport,
+            timeout_s=request.timeout_s,
+            num_senders=num_senders,
+        )
+
+    def _pull_group(self, refit: RefitRecord) -> weights_pb2.TransferGroup:
+        # A joinable transport needs no rendezvous: the joiner reaches the sender named in the source.
+        return weights_pb2.TransferGroup(backend=self.transport, rank=1, world_size=2, timeout_s=refit.timeout_s)
+
+    def _fan_out(
+        self, refit: RefitRecord, refit_id: str, targets: list[EndpointRecord], group
+    ) -> dict[str, futures.Future]:
+        """Call every target's LoadWeights, each with its rank in the group; return the calls."""
+        calls = {}
+        for rank, endpoint in enumerate(targets, start=max(1, group.num_senders)):
+            g = weights_pb2.TransferGroup()
+            g.CopyFrom(group)
+            g.rank = rank
+            req = rollout_pb2.LoadWeightsRequest(
+                manifest=refit.request.manifest, group=g, source=refit.request.source, refit_id=refit_id
+            )
+            call = self._pool.submit(_load_weights, endpoint.address, req, refit.timeout_s)
+            call.add_done_callback(lambda f, e=endpoint.endpoint_id, v=refit.version: self._done(e, v, f))
+            calls[endpoint.endpoint_id] = call
+        return calls
+
+    def _done(self, endpoint_id: str, version: int, call: futures.Future) -> None:
+        """Record each endpoint's outcome as it happens, also when nobody awaits the refit (dead sender)."""
+        error = call.exception()
+        with self._lock:
+            record = self._endpoints.get(endpoint_id)
+            if record is None:
+                return
+            if error is None:
+                record.applied_version, record.last_error = max(record.applied_version, version), ""
+                return
+            record.last_error = _describe(error)
+            self._group_members = ()  # force a fresh group next time
+            if record.last_error.startswith("UNAVAILABLE"):
+                # Nobody listens there any more: drop it so the next refit goes to the living.
+                del self._endpoints[endpoint_id]
+        log.warning("endpoint %s did not apply version %d: %s", endpoint_id, version, record.last_error)
+
+    @servicer_edge
+    def AwaitVersion(self, request, context):
+        with self._lock:
+            refit = self._refits.get(request.refit_id)
+            if refit is None:
+                raise ValueError(f"unknown refit_id {request.refit_id!r}")
+            if not request.sender_error and self._kind.joinable:
+                self._latest = request.refit_id
+        if request.sender_error:
+            log.warning("the sender of version %d failed: %s", refit.version, request.sender_error)
+        results = [_result(e, call, request.timeout_s) for e, call in refit.calls.items()]
+        with self._lock:
+            if all(r.ok for r in results):
+                self._version = max(self._version, refit.version)
+            if request.refit_id != self._latest:
+                self._refits.pop(request.refit_id, None)
+        return weightsync_pb2.AwaitReply(policy_version=self._version, results=results)
+
+    @servicer_edge
+    def Status(self, request, context):
+        with self._lock:
+            endpoints = [self._endpoints[e].status() for e in sorted(self._endpoints)]
+            return weightsync_pb2.StatusReply(policy_version=self._version, endpoints=endpoints)
+
+
+def _result(endpoint: str, call: futures.Future, timeout_s: float) -> weightsync_pb2.EndpointResult:
+    try:
+        reply = call.result(timeout=timeout_s)
+    except Exception as e:  # a failed endpoint is reported, not raised: the caller decides
+        return weightsync_pb2.EndpointResult(endpoint_id=endpoint, ok=False, error=_describe(e))
+    return weightsync_pb2.EndpointResult(
+        endpoint_id=endpoint,
+        ok=True,
+        received_checksum=reply.received_checksum,
+        readback_checksums=dict(reply.readback_checksums),
+        apply_s=reply.apply_s,
+    )
+
+
+def _load_weights(address: str, request: rollout_pb2.LoadWeightsRequest, timeout_s: float):
+    with channel(address) as ch:
+        return rollout_pb2_grpc.RolloutStub(ch).LoadWeights(request, timeout=timeout_s)
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, grpc.RpcError):
+        return f"{e.code().name}: {e.details()}"
+    return f"{type(e).__name__}: {e}"

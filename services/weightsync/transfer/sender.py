@@ -1,0 +1,241 @@
+"""Sender side of a refit, used by the trainer: one path for one sending rank or many.
+
+Rank 0 asks the weightsync service how the receivers want the weights (Layout) and announces the version
+(PublishVersion); every rank packs and sends its own run of buckets over the transport; rank 0 commits the
+checksums of all of them over the data plane, right behind the bytes, and waits for the endpoints
+(AwaitVersion). Every rank then checks what the engines read back of the tensors it sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import torch
+
+from protos.grpo.v1 import weights_pb2, weightsync_pb2, weightsync_pb2_grpc
+from services.common.grpcio import channel
+
+from ..kernels import checksum as cs
+from ..transports import Transports, kind, several_senders
+from ..transports.base import Offer, Transfer, Transport, first_line
+from . import manifest as mf
+from .pack import expected_tensor, packed_buckets
+from .plan import ReceiverLayout, SenderLayout, TransferPlan, bucket_senders, layout_of, make_plan
+from .ranks import Failed, Ranks
+
+
+@dataclass(frozen=True, slots=True)
+class RefitPlan:
+    """What every sending rank computes alike from the whole layout and the receivers' wishes."""
+
+    plan: TransferPlan
+    senders: tuple[int, ...]
+    """The sending rank of each bucket."""
+    transport: str
+    cast_dtype: str
+    """What floating tensors go on the wire as ("" = as held): the ranks' gathers may cast to it already."""
+    num_buffers: int
+    ucxx_host: str
+
+    def owners(self) -> dict[str, int]:
+        """Sender rank of every source tensor: the rank that must hold it whole."""
+        return {src: self.senders[slot.bucket] for slot in self.plan.slots for src in slot.sources}
+
+
+@dataclass(frozen=True, slots=True)
+class RefitResult:
+    policy_version: int
+    payload_bytes: int
+    checksum: str
+    num_endpoints: int
+    refit_s: float
+    received_checksums: dict[str, str]
+    """Endpoint id -> checksum it recomputed over what arrived (equal to `checksum`)."""
+    num_readback_verified: int
+    """Tensors read back from every engine and found equal to the sent ones (min over endpoints, summed
+    over sending ranks)."""
+    apply_s: dict[str, float]
+    """Endpoint id -> seconds its LoadWeights took (receive, verify, load, read back)."""
+
+
+class RefitError(RuntimeError):
+    """Some endpoint did not apply the version; the previous version stays in service there."""
+
+
+class Sender:
+    """One process's sending side of refits: who it is, its ranks, and its transports (made on first use
+    and kept, with their groups and buffers, across refits)."""
+
+    def __init__(self, sender_id: str = "", ranks: Ranks | None = None):
+        self.ranks = ranks or Ranks()
+        self._sender_id = sender_id
+        self._transports = Transports()
+
+    @property
+    def sender_id(self) -> str:
+        if not self._sender_id:
+            world, who = self.ranks.world, f"{socket.gethostname()}:{os.getpid()}"
+            self._sender_id = f"sender {who}" if world == 1 else f"trainer {who} ({world} ranks)"
+        return self._sender_id
+
+    def publish(
+        self,
+        named: list[tuple[str, torch.Tensor]],
+        policy_version: int,
+        address: str,
+        bucket_bytes: int,
+        timeout_s: float,
+    ) -> RefitResult | None:
+        """Plan for the receivers and send one version, every rank holding all of `named`."""
+        plan = self.plan(layout_of(named), address, bucket_bytes, timeout_s)
+        return None if plan is None else self.send(named, plan, policy_version, address, timeout_s)
+
+    def plan(self, layout: SenderLayout, address: str, bucket_bytes: int, timeout_s: float) -> RefitPlan | None:
+        """Rank 0 asks how the receivers want the weights and tells the others; every rank plans alike.
+        Where asking fails rank 0 raises and the others get None."""
+        wanted = self.ranks.on_rank0(lambda: self._layout(address, timeout_s))
+        if isinstance(wanted, Failed):
+            return None
+        reply = weightsync_pb2.ReceiverLayout.FromString(wanted)
+        plan = make_plan(layout, ReceiverLayout(reply.cast_dtype, tuple(reply.fuse)), bucket_bytes)
+        senders = bucket_senders(plan.bucket_nbytes, self.ranks.world)
+        return RefitPlan(plan, senders, reply.transport, reply.cast_dtype, reply.num_buffers, reply.ucxx_host)
+
+    def _layout(self, address: str, timeout_s: float) -> bytes:
+        with channel(address) as ch:
+            reply = weightsync_pb2_grpc.WeightSyncStub(ch).Layout(weightsync_pb2.LayoutRequest(), timeout=timeout_s)
+        if self.ranks.world > kind(reply.transport).max_senders:
+            several = ", ".join(several_senders())
+            raise ValueError(f"several senders need a collective transport ({several}), not {reply.transport}")
+        return reply.SerializeToString()
+
+    def send(
+        self,
+        named: list[tuple[str, torch.Tensor]],
+        plan: RefitPlan,
+        policy_version: int,
+        address: str,
+        timeout_s: float,
+    ) -> RefitResult | None:
+        """Send one version, each rank its own buckets of the plan (`named` holds their sources). Rank 0
+        returns the result or raises; the others return None."""
+        start, lookup = time.perf_counter(), dict(named)
+        transport = self._transports.get(plan.transport)
+        num_buffers = min(plan.num_buffers, plan.plan.num_buckets)
+        ring, offer = transport.offer(max(plan.plan.bucket_nbytes), num_buffers, plan.ucxx_host)
+        source = _source(self.sender_id, offer)
+        algo = cs.algo_for(transport.device())
+        with channel(address) as ch:
+            stub = weightsync_pb2_grpc.WeightSyncStub(ch)
+            announced = self.ranks.on_rank0(lambda: self._announce(stub, plan, policy_version, algo, source, timeout_s))
+            if isinstance(announced, Failed):
+                return None
+            reply = weightsync_pb2.PublishReply.FromString(announced)
+            commit = self._transfer(transport, reply, source, plan, lookup, ring)
+            request = weightsync_pb2.AwaitRequest(
+                refit_id=reply.refit_id, timeout_s=timeout_s, sender_error=commit.error
+            )
+            done = self.ranks.on_rank0(lambda: stub.AwaitVersion(request, timeout=timeout_s + 5).SerializeToString())
+        if isinstance(done, Failed):
+            return None
+        done = weightsync_pb2.AwaitReply.FromString(done)
+        return self._outcome(done, policy_version, commit, plan, lookup, algo, time.perf_counter() - start)
+
+    def _announce(self, stub, plan: RefitPlan, version: int, algo: str, source, timeout_s: float) -> bytes:
+        manifest = mf.to_manifest(plan.plan, version, algo, plan.senders)
+        request = weightsync_pb2.PublishRequest(
+            manifest=manifest, timeout_s=timeout_s, source=source, num_senders=self.ranks.world
+        )
+        return stub.PublishVersion(request, timeout=timeout_s).SerializeToString()
+
+    def _transfer(self, transport: Transport, reply, source, plan: RefitPlan, lookup, ring) -> mf.Commit:
+        """Pack and send this rank's buckets, then commit every rank's checksums (or their errors)."""
+        rank, group = self.ranks.rank, weights_pb2.TransferGroup()
+        group.CopyFrom(reply.group)
+        group.rank = rank
+        transfer = Transfer(group, source, reply.refit_id)
+        own, sums, error = [i for i, r in enumerate(plan.senders) if r == rank], [], ""
+        try:
+            buckets = packed_buckets(plan.plan, lookup, ring, sums, transport.wait_free(transfer), own)
+            transport.send(transfer, buckets, plan.plan.bucket_nbytes, plan.senders)
+            digests = cs.digests(sums)
+        except Exception as e:  # the endpoints' side names the failed peer; the commit tells them to stop
+            who = "sender" if self.ranks.world == 1 else f"sender rank {rank}"
+            digests, error = [], f"{who}: {first_line(e)}"
+        commit = mf.Commit.of_shares(self.ranks.gather((own, digests, error)), plan.plan.num_buckets)
+        commit = self._commit(transport, transfer, commit)
+        transport.end(transfer, failed=bool(commit.error))
+        return commit
+
+    def _commit(self, transport: Transport, transfer: Transfer, commit: mf.Commit) -> mf.Commit:
+        """Rank 0 sends the commit behind the bytes; other sending ranks take part where the transport needs
+        them to. After a failure with several senders nobody does: a rank that failed may not take part,
+        and the receivers fail on their deadline."""
+        if commit.error and self.ranks.world > 1:
+            return commit
+        try:
+            if self.ranks.rank == 0:
+                transport.send_commit(transfer, commit.encode())
+            else:
+                transport.receive_commit(transfer)
+        except Exception as e:
+            return mf.Commit(error=f"commit: {first_line(e)}")
+        return commit
+
+    def _outcome(self, done, version: int, commit: mf.Commit, plan: RefitPlan, lookup, algo: str, refit_s: float):
+        rank = self.ranks.rank
+        failed = [f"{r.endpoint_id}: {r.error}" for r in done.results if not r.ok]
+        if failed or commit.error:
+            if rank != 0:
+                return None  # rank 0 raises for the trainer
+            raise RefitError(f"version {version} not applied: {'; '.join(failed + [commit.error])}")
+        try:
+            checked = (verify(done.results, commit.checksum, plan.plan, lookup, algo), "")
+        except RefitError as e:
+            checked = (0, f"rank {rank}: {e}" if self.ranks.world > 1 else str(e))
+        counts = self.ranks.gather(checked)
+        if rank != 0:
+            return None
+        wrong = [e for _, e in counts if e]
+        if wrong:
+            raise RefitError("; ".join(wrong))
+        return RefitResult(
+            policy_version=version,
+            payload_bytes=plan.plan.payload_bytes,
+            checksum=commit.checksum,
+            num_endpoints=len(done.results),
+            refit_s=refit_s,
+            received_checksums={r.endpoint_id: r.received_checksum for r in done.results},
+            num_readback_verified=sum(n for n, _ in counts),
+            apply_s={r.endpoint_id: r.apply_s for r in done.results},
+        )
+
+
+def _source(sender_id: str, offer: Offer) -> weights_pb2.DataSource:
+    """Where receivers find the bytes besides the group's collective."""
+    buffers = [weights_pb2.CudaIpcBuffer(**dataclasses.asdict(b)) for b in offer.ipc_buffers]
+    return weights_pb2.DataSource(sender_id=sender_id, ucxx_address=offer.ucxx_address, ipc_buffers=buffers)
+
+
+def verify(results, sent_checksum: str, plan: TransferPlan, named: dict[str, torch.Tensor], algo: str) -> int:
+    """Check what every endpoint received and read back against what was sent; return tensors verified
+    (those read back whose sources this sender holds: its share, where several ranks send). `algo` is the
+    manifest's checksum_algo, whose family the read-back checksums are in."""
+    slots = {s.name: s for s in plan.slots}
+    read = {n for r in results for n in r.readback_checksums if n in slots}
+    held = [n for n in sorted(read) if all(src in named for src in slots[n].sources)]
+    want = cs.tensor_digests([(n, expected_tensor(slots[n], named)) for n in held], algo)
+    counts = []
+    for r in results:
+        if r.received_checksum != sent_checksum:
+            raise RefitError(f"{r.endpoint_id} received checksum {r.received_checksum}, sent {sent_checksum}")
+        mine = [n for n in held if n in r.readback_checksums]
+        bad = [n for n in mine if r.readback_checksums[n] != want[n]]
+        if bad:
+            raise RefitError(f"{r.endpoint_id} holds different values than sent for {bad[:5]}")
+        counts.append(len(mine))
+    return min(counts, default=0)
