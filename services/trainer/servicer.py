@@ -10,7 +10,7 @@ import grpc
 
 from protos.grpo.v1 import trainer_pb2, trainer_pb2_grpc
 from services.common.grpcio import PreconditionError, servicer_edge
-from services.weightsync.transfer.sender import RefitError
+from services.weightsync.transfer.outcome import RefitError
 
 from .checkpoint import TRAIN_STATE
 from .commands import Op

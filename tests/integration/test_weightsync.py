@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weightsync_pb2, weightsync_pb2_grpc
 from services.common.grpcio import channel, wait_healthy
 from services.common.ports import free_port
-from services.weightsync.transfer.sender import RefitError, Sender
+from services.weightsync.transfer.outcome import RefitError
+from services.weightsync.transfer.sender import Sender
 
 UCX_ENV = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 

@@ -23,7 +23,8 @@ from ..kernels import checksum as cs
 from ..transports import Transports, kind, several_senders
 from ..transports.base import Offer, Transfer, Transport, first_line
 from . import manifest as mf
-from .pack import expected_tensor, packed_buckets
+from .outcome import RefitError, RefitResult, verify
+from .pack import packed_buckets
 from .plan import ReceiverLayout, SenderLayout, TransferPlan, bucket_senders, layout_of, make_plan
 from .ranks import Failed, Ranks
 
@@ -44,26 +45,6 @@ class RefitPlan:
     def owners(self) -> dict[str, int]:
         """Sender rank of every source tensor: the rank that must hold it whole."""
         return {src: self.senders[slot.bucket] for slot in self.plan.slots for src in slot.sources}
-
-
-@dataclass(frozen=True, slots=True)
-class RefitResult:
-    policy_version: int
-    payload_bytes: int
-    checksum: str
-    num_endpoints: int
-    refit_s: float
-    received_checksums: dict[str, str]
-    """Endpoint id -> checksum it recomputed over what arrived (equal to `checksum`)."""
-    num_readback_verified: int
-    """Tensors read back from every engine and found equal to the sent ones (min over endpoints, summed
-    over sending ranks)."""
-    apply_s: dict[str, float]
-    """Endpoint id -> seconds its LoadWeights took (receive, verify, load, read back)."""
-
-
-class RefitError(RuntimeError):
-    """Some endpoint did not apply the version; the previous version stays in service there."""
 
 
 class Sender:
@@ -219,23 +200,3 @@ def _source(sender_id: str, offer: Offer) -> weights_pb2.DataSource:
     """Where receivers find the bytes besides the group's collective."""
     buffers = [weights_pb2.CudaIpcBuffer(**dataclasses.asdict(b)) for b in offer.ipc_buffers]
     return weights_pb2.DataSource(sender_id=sender_id, ucxx_address=offer.ucxx_address, ipc_buffers=buffers)
-
-
-def verify(results, sent_checksum: str, plan: TransferPlan, named: dict[str, torch.Tensor], algo: str) -> int:
-    """Check what every endpoint received and read back against what was sent; return tensors verified
-    (those read back whose sources this sender holds: its share, where several ranks send). `algo` is the
-    manifest's checksum_algo, whose family the read-back checksums are in."""
-    slots = {s.name: s for s in plan.slots}
-    read = {n for r in results for n in r.readback_checksums if n in slots}
-    held = [n for n in sorted(read) if all(src in named for src in slots[n].sources)]
-    want = cs.tensor_digests([(n, expected_tensor(slots[n], named)) for n in held], algo)
-    counts = []
-    for r in results:
-        if r.received_checksum != sent_checksum:
-            raise RefitError(f"{r.endpoint_id} received checksum {r.received_checksum}, sent {sent_checksum}")
-        mine = [n for n in held if n in r.readback_checksums]
-        bad = [n for n in mine if r.readback_checksums[n] != want[n]]
-        if bad:
-            raise RefitError(f"{r.endpoint_id} holds different values than sent for {bad[:5]}")
-        counts.append(len(mine))
-    return min(counts, default=0)
