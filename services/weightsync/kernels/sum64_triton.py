@@ -3,8 +3,8 @@
 They give exactly checksum.sum64_reference's three int64 values (wrapping mod 2**64), so GPU and CPU
 peers agree. Imported only where they run: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1.
 
-A bucket is packed from hundreds of tensors; one launch per tensor cost ~20 us of host time each, more
-than the copies. So every piece of a bucket goes to one launch: a table gives each piece's addresses,
+A bucket is packed from hundreds of tensors; one launch per tensor cost more host time than the copies
+(bench/README.md). So every piece of a bucket goes to one launch: a table gives each piece's addresses,
 size, line and first tile, and each program finds its piece by binary search over the first tiles.
 """
 
@@ -90,7 +90,7 @@ def sum64_pieces(pieces: list[Piece]) -> torch.Tensor:
 
 
 def sum64_rows(rows: list[Row], device: torch.device) -> torch.Tensor:
-    """sum64_pieces for pieces given by address (no tensor views to build: ~1 us of host per piece)."""
+    """sum64_pieces for pieces given by address (no tensor view to build per piece, which costs host time)."""
     partials, _ = _launch(rows, device)
     return partials.sum(0)
 
