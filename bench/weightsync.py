@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.weightsync.kernels import checksum as cs  # noqa: E402
+from services.weightsync.transfer.arrival import receive_buckets  # noqa: E402
 from services.weightsync.transfer.pack import new_ring, pack_into, packed_buckets, slot_view, unpack  # noqa: E402
 from services.weightsync.transfer.plan import ReceiverLayout, make_plan  # noqa: E402
-from services.weightsync.transfer.receiver import receive_buckets  # noqa: E402
 from services.weightsync.transports import kind  # noqa: E402
 from services.weightsync.transports.base import Transfer, Transport  # noqa: E402
 

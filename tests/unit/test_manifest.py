@@ -141,3 +141,13 @@ def test_a_senders_share_packs_exactly_those_buckets_as_the_whole_plan_does():
     assert list(got) == share
     assert all(torch.equal(got[i], whole[i]) for i in share)
     assert share_sums == [whole_sums[i] for i in share]
+
+
+def test_the_commit_orders_every_senders_checksums_by_bucket_and_round_trips_as_bytes():
+    from services.weightsync.transfer.commit import Commit
+
+    commit = Commit.of_shares([([0, 1], ["a", "b"], ""), ([2], ["c"], "")], 3)
+    assert commit.bucket_checksums == ("a", "b", "c") and commit.checksum == cs.combine(["a", "b", "c"])
+    assert Commit.decode(commit.encode()) == commit
+    failed = Commit.of_shares([([0], ["a"], ""), ([1], [], "sender rank 1: boom")], 2)
+    assert failed.error == "sender rank 1: boom" and not failed.bucket_checksums and not failed.checksum

@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 
 from services.common.ports import free_port
-from services.weightsync.transfer.manifest import Commit
+from services.weightsync.transfer.arrival import receive_buckets
+from services.weightsync.transfer.commit import Commit
 from services.weightsync.transfer.pack import new_ring, packed_buckets
 from services.weightsync.transfer.plan import ReceiverLayout, layout_of, make_plan
-from services.weightsync.transfer.receiver import receive_buckets
 from services.weightsync.transports import NAMES, REGISTRY, Transports, choose, kind
 from services.weightsync.transports.base import Transfer, Transport
 
@@ -79,3 +79,11 @@ def test_a_gloo_refit_carries_every_bucket_and_then_the_commit():
     assert got["sums"] == sums and all(torch.equal(a, b) for a, b in zip(got["buckets"], sent, strict=True))
     assert got["commit"] == commit
     del master
+
+
+def test_the_config_offers_exactly_the_registered_transports():
+    import typing
+
+    from services.common.config import WeightsyncSection
+
+    assert typing.get_args(WeightsyncSection.model_fields["transport"].annotation) == ("auto", *NAMES)

@@ -3,16 +3,16 @@ same data plane, every bucket verified against it, and only then tensors out."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 
 from protos.grpo.v1 import weights_pb2
 
 from ..kernels import checksum as cs
 from ..transports import Transports
-from ..transports.base import Transfer, Transport, first_line
-from .manifest import Commit, plan_of
+from ..transports.base import Transfer, first_line
+from .arrival import receive_buckets
+from .commit import Commit
+from .manifest import plan_of
 from .pack import unpack
 
 
@@ -48,37 +48,3 @@ class Receiver:
         if bad or len(sums) != len(commit.bucket_checksums):
             raise ValueError(f"version {m.policy_version}: buckets {bad[:5]} arrived different from what {sender} sent")
         return unpack(buckets, plan), cs.combine(sums)
-
-
-def receive_buckets(
-    transport: Transport, transfer: Transfer, sizes: list[int], algo: str, senders: list[int] | None = None
-) -> tuple[list[torch.Tensor], list[str]]:
-    """Receive every bucket into fresh buffers, checksumming each while the next one arrives.
-
-    The buffers hold the whole version until the caller verified it against the sender's commit:
-    only then may an engine see any of it (a failed refit leaves the previous version in service).
-    `senders` names each bucket's sending rank where several trainer ranks send (collective transports).
-    """
-    device = transport.device()
-    out = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
-
-    def receive(i: int, buf: torch.Tensor):
-        return transport.receive(transfer, i, buf, root=senders[i] if senders else 0)
-
-    if device.type == "cuda":
-        main, side, sums = torch.cuda.current_stream(), torch.cuda.Stream(), []
-        for i, buf in enumerate(out):
-            summed = receive(i, buf)  # cuda_ipc: summed inside its copy, on main
-            if summed is None:
-                side.wait_stream(main)
-                with torch.cuda.stream(side):
-                    summed = cs.sum64(buf)
-            sums.append(summed)
-        main.wait_stream(side)
-        return out, cs.digests(sums)
-    with ThreadPoolExecutor(1, thread_name_prefix="weightsync-sum") as pool:
-        futures = []
-        for i, buf in enumerate(out):
-            receive(i, buf)
-            futures.append(pool.submit(cs.bucket_checksum, buf, algo))
-        return out, [f.result() for f in futures]

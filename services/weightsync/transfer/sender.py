@@ -23,6 +23,7 @@ from ..kernels import checksum as cs
 from ..transports import Transports, kind, several_senders
 from ..transports.base import Offer, Transfer, Transport, first_line
 from . import manifest as mf
+from .commit import Commit
 from .outcome import RefitError, RefitResult, verify
 from .pack import packed_buckets
 from .plan import ReceiverLayout, SenderLayout, TransferPlan, bucket_senders, layout_of, make_plan
@@ -133,7 +134,7 @@ class Sender:
         )
         return stub.PublishVersion(request, timeout=timeout_s).SerializeToString()
 
-    def _transfer(self, transport: Transport, reply, source, plan: RefitPlan, lookup, ring) -> mf.Commit:
+    def _transfer(self, transport: Transport, reply, source, plan: RefitPlan, lookup, ring) -> Commit:
         """Pack and send this rank's buckets, then commit every rank's checksums (or their errors)."""
         rank, group = self.ranks.rank, weights_pb2.TransferGroup()
         group.CopyFrom(reply.group)
@@ -147,12 +148,12 @@ class Sender:
         except Exception as e:  # the endpoints' side names the failed peer; the commit tells them to stop
             who = "sender" if self.ranks.world == 1 else f"sender rank {rank}"
             digests, error = [], f"{who}: {first_line(e)}"
-        commit = mf.Commit.of_shares(self.ranks.gather((own, digests, error)), plan.plan.num_buckets)
+        commit = Commit.of_shares(self.ranks.gather((own, digests, error)), plan.plan.num_buckets)
         commit = self._commit(transport, transfer, commit)
         transport.end(transfer, failed=bool(commit.error))
         return commit
 
-    def _commit(self, transport: Transport, transfer: Transfer, commit: mf.Commit) -> mf.Commit:
+    def _commit(self, transport: Transport, transfer: Transfer, commit: Commit) -> Commit:
         """Rank 0 sends the commit behind the bytes; other sending ranks take part where the transport needs
         them to. After a failure with several senders nobody does: a rank that failed may not take part,
         and the receivers fail on their deadline."""
@@ -164,10 +165,10 @@ class Sender:
             else:
                 transport.receive_commit(transfer)
         except Exception as e:
-            return mf.Commit(error=f"commit: {first_line(e)}")
+            return Commit(error=f"commit: {first_line(e)}")
         return commit
 
-    def _outcome(self, done, version: int, commit: mf.Commit, plan: RefitPlan, lookup, algo: str, refit_s: float):
+    def _outcome(self, done, version: int, commit: Commit, plan: RefitPlan, lookup, algo: str, refit_s: float):
         rank = self.ranks.rank
         failed = [f"{r.endpoint_id}: {r.error}" for r in done.results if not r.ok]
         if failed or commit.error:
