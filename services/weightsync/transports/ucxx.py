@@ -113,20 +113,22 @@ class UcxxTransport(Transport):
         self._eps: dict[str, object] = {}
         self._lock = threading.Lock()
 
-    def _run(self, coro, timeout_s: float):
+    def _event_loop(self) -> _Loop:
         with self._lock:
             if self._loop is None:
                 self._loop = _Loop()
-        return self._loop.run(coro, timeout_s)
+            return self._loop
+
+    def _run(self, coro, timeout_s: float):
+        return self._event_loop().run(coro, timeout_s)
 
     def offer(self, bucket_bytes: int, num_buffers: int, host: str) -> tuple[list[torch.Tensor], Offer]:
         """A host ring, and this process's bucket server, started on first use on an ephemeral port of host."""
         ring, _ = super().offer(bucket_bytes, num_buffers, host)
+        loop = self._event_loop()
         with self._lock:
-            if self._loop is None:
-                self._loop = _Loop()
             if self._server is None or self._server.host != host:
-                self._server = BucketServer(host, self._loop)
+                self._server = BucketServer(host, loop)
         return ring, Offer(ucxx_address=self._server.address)
 
     def send(self, transfer: Transfer, buckets: Buckets, sizes: Sequence[int], senders: Sequence[int]) -> None:
@@ -138,7 +140,7 @@ class UcxxTransport(Transport):
     def receive(self, transfer: Transfer, index: int, out: torch.Tensor, root: int = 0) -> None:
         if root != 0:
             raise ValueError(f"ucxx pulls from one sender's listener; bucket from sender rank {root}")
-        got = self._run(self._pull(transfer, index, out.numpy()), transfer.group.timeout_s)
+        got = self._run(self._pull_into(transfer, index, out.numpy()), transfer.group.timeout_s)
         if got != out.nbytes:
             raise ValueError(f"sender no longer holds bucket {index} of refit {transfer.tag} (got {got} bytes)")
 
@@ -146,13 +148,14 @@ class UcxxTransport(Transport):
         self._server.put(transfer.tag, _COMMIT, np.frombuffer(data, dtype=np.uint8).copy())
 
     def receive_commit(self, transfer: Transfer) -> bytes:
-        data = self._run(self._pull(transfer, _COMMIT, None), transfer.group.timeout_s)
+        data = self._run(self._pull_new(transfer, _COMMIT), transfer.group.timeout_s)
         if data is None:
             raise ValueError(f"sender no longer holds the commit of refit {transfer.tag}")
         return data.tobytes()
 
-    async def _pull(self, transfer: Transfer, index: int, out: np.ndarray | None):
-        """Bucket `index` into out (returns the size the sender announced), or the commit as a new array."""
+    async def _ask(self, transfer: Transfer, index: int):
+        """Ask the sender for (tag, index) over this refit's connection; returns it and the announced size
+        (-1: the sender no longer holds it)."""
         import ucxx
 
         if transfer.tag not in self._eps:
@@ -162,14 +165,24 @@ class UcxxTransport(Transport):
         await ep.send(_header(transfer.tag, index))
         size = np.empty(1, dtype=np.int64)
         await ep.recv(size)
-        if out is None:
-            out = np.empty(max(0, int(size[0])), dtype=np.uint8) if size[0] >= 0 else None
-            if out is not None and out.nbytes:
-                await ep.recv(out)
-            return out
-        if size[0] == out.nbytes:
+        return ep, int(size[0])
+
+    async def _pull_into(self, transfer: Transfer, index: int, out: np.ndarray) -> int:
+        """Bucket `index` into out, where the sender holds it at that size; returns the size it announced."""
+        ep, size = await self._ask(transfer, index)
+        if size == out.nbytes:
             await ep.recv(out)
-        return int(size[0])
+        return size
+
+    async def _pull_new(self, transfer: Transfer, index: int) -> np.ndarray | None:
+        """What the sender holds under `index`, of whatever size, in a new array (None if it holds none)."""
+        ep, size = await self._ask(transfer, index)
+        if size < 0:
+            return None
+        out = np.empty(size, dtype=np.uint8)
+        if size:
+            await ep.recv(out)
+        return out
 
     def end(self, transfer: Transfer, failed: bool) -> None:
         ep = self._eps.pop(transfer.tag, None)
