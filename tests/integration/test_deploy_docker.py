@@ -25,11 +25,10 @@ def _config(files: list[Path], env: dict[str, str]) -> subprocess.CompletedProce
     return subprocess.run(cmd, env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True)
 
 
-def _project(tmp_path: Path, gpus: int) -> tuple[dict, dict[str, str]]:
+def _project(tmp_path: Path, gpus: int, *overrides: str) -> tuple[dict, dict[str, str]]:
     """The compose model `make up` would start on a host with this many GPUs."""
-    cfg = load_config(
-        None, ["run.run_id=dock", f"run.output_dir={tmp_path}", "trainer.num_ranks=2", "model.create=true"]
-    )
+    base = ["run.run_id=dock", f"run.output_dir={tmp_path}", "trainer.num_ranks=2", "model.create=true"]
+    cfg = load_config(None, [*base, *overrides])
     placement = place(cfg, Cluster("docker", ("localhost",), gpus))
     override = tmp_path / "compose.gpus.yaml"
     override.write_text(gpu_override(placement))
@@ -63,6 +62,23 @@ def test_compose_project_on_a_gpu_host(tmp_path):
     assert services["rollout"]["depends_on"]["trainer"]["condition"] == "service_healthy"
     mounts = {v["target"]: v["source"] for v in services["trainer"]["volumes"]}
     assert mounts["/runs"] == str(tmp_path)
+
+
+def test_colocated_compose_project_shares_one_gpu_and_the_ipc_namespace(tmp_path):
+    overrides = ["trainer.num_ranks=1", "rollout.num_workers=2", 'weightsync.transport="cuda_ipc"']
+    model, _ = _project(tmp_path, 1, *overrides, "trainer.num_threads=3", "rollout.num_threads=2")
+    trainer, rollout = model["services"]["trainer"], model["services"]["rollout"]
+
+    def device_ids(service):
+        return service["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+
+    assert device_ids(trainer) == device_ids(rollout) == ["0"]
+    assert trainer["ipc"] == rollout["ipc"] == "host"
+    assert rollout["environment"]["GRPO_ROLLOUT_GPUS"] == "0,0"
+    # Threads as `make run` gives them: the trainer's and workers' configured, one for the others.
+    assert (trainer["environment"]["OMP_NUM_THREADS"], rollout["environment"]["OMP_NUM_THREADS"]) == ("3", "2")
+    assert model["services"]["weightsync"]["environment"]["OMP_NUM_THREADS"] == "1"
+    assert trainer["environment"]["GRPO_CONFIG"] == rollout["environment"]["GRPO_CONFIG"]
 
 
 def test_compose_project_on_a_cpu_host(tmp_path):
