@@ -45,6 +45,11 @@ class BatchTokens:
 class Engine:
     """Every rank calls the same method with the same arguments; each computes its share of the batch."""
 
+    temperature: float = 1.0
+    """Of the batch being scored: logprobs are of softmax(logits / temperature), the sampling distribution."""
+    max_tokens: int = 0
+    """Generation budget of the batch being trained (TrainRequest.max_tokens): Dr.GRPO's default normaliser."""
+
     def __init__(
         self,
         model: nn.Module,
@@ -59,10 +64,6 @@ class Engine:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.vocab_size: int = model.config.vocab_size
         self.policy_version = 0
-        self.temperature = 1.0
-        """Of the batch being scored: logprobs are of softmax(logits / temperature), the sampling distribution."""
-        self.max_tokens = 0
-        """Generation budget of the batch being trained (TrainRequest.max_tokens): Dr.GRPO's default normaliser."""
 
     def logprobs(self, seqs: list[Seq]) -> list[Tensor]:
         """Current-policy logprob of every response token, one CPU tensor per sequence, on every rank."""
