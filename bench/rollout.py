@@ -51,13 +51,13 @@ def _requests(cfg: RunConfig, num_prompts: int, num_samples: int, max_tokens: in
 
 
 def _service_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path) -> tuple[float, float]:
-    from deploy.placement import resolve
+    from deploy.placement.ports import fill_blanks
     from deploy.procs import check_alive, spawn, stop_all
     from services.common.grpcio import wait_healthy
     from services.common.queue import WorkQueue, connect
     from services.common.redis_server import start_redis
 
-    cfg = resolve(cfg)
+    cfg = fill_blanks(cfg)
     config_path = tmp / "config.toml"
     config_path.write_text(dump_toml(cfg))
     redis_proc = start_redis(cfg.redis.port, tmp / "redis")
@@ -103,7 +103,6 @@ def _run(queue, work: list[queue_pb2.PromptWork], check_alive, timeout_s: float)
 
 
 def _raw_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork]) -> tuple[float, float]:
-    os.environ["OMP_NUM_THREADS"] = str(cfg.rollout.num_threads)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_GiB))
     from services.rollout.engine import Request, make_engine
 
@@ -122,8 +121,11 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="OMP threads of the worker and of the raw engine")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    # Before torch is first imported (by the prompt renderer): the raw engine runs with the worker's threads.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     overrides = [
         'task.name="reasoning_gym"',
@@ -132,6 +134,7 @@ def main() -> int:
         "task.eval_size=1",
         "task.rewards={reasoning_gym=1.0}",
         f"rollout.max_num_seqs={args.prompts * args.samples}",
+        f"rollout.num_threads={args.threads}",
         "rollout.max_model_len=512",
         f'run.output_dir="{tmp}"',
     ]
@@ -162,6 +165,7 @@ def main() -> int:
         "max_tokens": args.max_tokens,
         "model": Path(cfg.model.path).name,
         "engine": cfg.rollout.engine,
+        "threads": args.threads,
         "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
     }

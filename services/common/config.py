@@ -305,7 +305,8 @@ class RedisSection(_Section):
 
 
 class PlacementSection(_Section):
-    """Where `make up` puts trainer ranks and rollout workers on a Slurm allocation or Docker host."""
+    """Where `make run` and `make up` put trainer ranks and rollout workers: this machine, a Slurm allocation or a
+    Docker host (deploy/placement/)."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """auto = one GPU per trainer rank and per rollout worker where the allocation has GPUs, else CPU."""
