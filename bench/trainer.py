@@ -53,7 +53,8 @@ SHAPES = {  # the real Qwen2-0.5B / Qwen2-1.5B shapes, random weights
 # The engine's config where pydantic is missing (the GPU image); --smoke checks it against TrainerSection.
 TRAINER_DEFAULTS = {
     "backend": "fsdp2", "tensor_parallel": 1, "pipeline_parallel": 1,
-    "host": "127.0.0.1", "num_ranks": 1, "grpc_port": 0, "lr": 1e-6, "weight_decay": 0.0, "max_grad_norm": 1.0,
+    "host": "127.0.0.1", "num_ranks": 1, "num_threads": 1, "grpc_port": 0, "lr": 1e-6, "weight_decay": 0.0,
+    "max_grad_norm": 1.0,
     "clip_eps": 0.2, "kl_beta": 0.0, "max_tokens_per_microbatch": 16384, "minibatches": 1,
     "loss": "grpo", "clip_eps_low": 0.2,
     "clip_eps_high": 0.28, "dr_grpo_norm_tokens": 0, "kl_estimator": "k3", "entropy_coef": 0.0,
