@@ -36,7 +36,3 @@ class Vocab:
     def decode(self, ids: list[int]) -> str:
         """The completion as text, special tokens (EOS, pad) skipped."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-
-    def pieces(self, ids: list[int]) -> list[str]:
-        # Ids past the tokenizer (the model's vocab may be padded) decode to "".
-        return [self.tokenizer.decode([i], skip_special_tokens=True) for i in ids]

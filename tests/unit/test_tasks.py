@@ -12,7 +12,7 @@ from services.common.tokenizer import Vocab, build_char_tokenizer
 
 
 def _score(prompt: Prompt, vocab: Vocab, response_ids: list[int]) -> float:
-    completion = "".join(vocab.pieces(response_ids))
+    completion = vocab.decode(response_ids)  # what the rollout worker hands the rewards
     return BUILTIN["class_continuation"](prompt.text, completion, prompt.answer, {"num_tokens": len(response_ids)})
 
 
