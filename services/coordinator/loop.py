@@ -228,7 +228,7 @@ class GrpoLoop:
                 # loads, verification), and each engine's LoadWeights.
                 "refit_s": refit_s,
                 "gather_s": reply.gather_s,
-                "publish_s": reply.refit_s,
+                "publish_s": reply.publish_s,
                 "apply_s": dict(reply.apply_s),
             }
             f.write(json.dumps(record) + "\n")

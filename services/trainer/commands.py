@@ -109,7 +109,7 @@ class Executor:
         return trainer_pb2.PublishWeightsReply(
             policy_version=result.policy_version,
             payload_bytes=result.payload_bytes,
-            refit_s=result.refit_s,
+            publish_s=result.publish_s,
             checksum=result.checksum,
             num_endpoints=result.num_endpoints,
             received_checksums=result.received_checksums,

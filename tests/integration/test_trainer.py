@@ -277,7 +277,7 @@ def test_publish_weights_reaches_a_rollout_worker(trainer, services, redis_url):
     assert reply.policy_version >= 1 and reply.num_endpoints == 1
     assert set(reply.received_checksums.values()) == {reply.checksum}
     assert reply.num_readback_verified == 27  # the HF engine reads back every tensor, lm_head included
-    assert reply.payload_bytes > 0 and reply.refit_s > 0
+    assert reply.payload_bytes > 0 and reply.publish_s > 0
     with channel(f"127.0.0.1:{rollout_port}") as ch:
         info = rollout_pb2_grpc.RolloutStub(ch).Info(rollout_pb2.InfoRequest(), timeout=5)
     assert info.policy_version == reply.policy_version

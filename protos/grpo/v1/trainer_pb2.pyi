@@ -113,7 +113,7 @@ class PublishWeightsRequest(_message.Message):
     def __init__(self, timeout_s: _Optional[float] = ...) -> None: ...
 
 class PublishWeightsReply(_message.Message):
-    __slots__ = ("policy_version", "payload_bytes", "refit_s", "checksum", "num_endpoints", "received_checksums", "num_readback_verified", "gather_s", "apply_s")
+    __slots__ = ("policy_version", "payload_bytes", "publish_s", "checksum", "num_endpoints", "received_checksums", "num_readback_verified", "gather_s", "apply_s")
     class ReceivedChecksumsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,7 +130,7 @@ class PublishWeightsReply(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
-    REFIT_S_FIELD_NUMBER: _ClassVar[int]
+    PUBLISH_S_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     NUM_ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
@@ -139,11 +139,11 @@ class PublishWeightsReply(_message.Message):
     APPLY_S_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     payload_bytes: int
-    refit_s: float
+    publish_s: float
     checksum: str
     num_endpoints: int
     received_checksums: _containers.ScalarMap[str, str]
     num_readback_verified: int
     gather_s: float
     apply_s: _containers.ScalarMap[str, float]
-    def __init__(self, policy_version: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., refit_s: _Optional[float] = ..., checksum: _Optional[str] = ..., num_endpoints: _Optional[int] = ..., received_checksums: _Optional[_Mapping[str, str]] = ..., num_readback_verified: _Optional[int] = ..., gather_s: _Optional[float] = ..., apply_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    def __init__(self, policy_version: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., publish_s: _Optional[float] = ..., checksum: _Optional[str] = ..., num_endpoints: _Optional[int] = ..., received_checksums: _Optional[_Mapping[str, str]] = ..., num_readback_verified: _Optional[int] = ..., gather_s: _Optional[float] = ..., apply_s: _Optional[_Mapping[str, float]] = ...) -> None: ...

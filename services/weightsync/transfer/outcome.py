@@ -18,7 +18,7 @@ class RefitResult:
     payload_bytes: int
     checksum: str
     num_endpoints: int
-    refit_s: float
+    publish_s: float
     received_checksums: dict[str, str]
     """Endpoint id -> checksum it recomputed over what arrived (equal to `checksum`)."""
     num_readback_verified: int

@@ -168,7 +168,7 @@ class Sender:
             return Commit(error=f"commit: {first_line(e)}")
         return commit
 
-    def _outcome(self, done, version: int, commit: Commit, plan: RefitPlan, lookup, algo: str, refit_s: float):
+    def _outcome(self, done, version: int, commit: Commit, plan: RefitPlan, lookup, algo: str, publish_s: float):
         rank = self.ranks.rank
         failed = [f"{r.endpoint_id}: {r.error}" for r in done.results if not r.ok]
         if failed or commit.error:
@@ -190,7 +190,7 @@ class Sender:
             payload_bytes=plan.plan.payload_bytes,
             checksum=commit.checksum,
             num_endpoints=len(done.results),
-            refit_s=refit_s,
+            publish_s=publish_s,
             received_checksums={r.endpoint_id: r.received_checksum for r in done.results},
             num_readback_verified=sum(n for n, _ in counts),
             apply_s={r.endpoint_id: r.apply_s for r in done.results},
