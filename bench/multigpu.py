@@ -124,7 +124,7 @@ def run_grpo(args, num_gpus: int, work: Path) -> Path:
         "trainer.max_tokens_per_microbatch=16384",
         # bf16 compute over fp32 master weights; the engines hold bf16, so refit sends bf16.
         'trainer.dtype="bfloat16"',
-        'trainer.attn_implementation="sdpa_varlen"',
+        'trainer.fsdp2.attn_implementation="sdpa_varlen"',
         'weightsync.cast_dtype="bfloat16"',
         "weightsync.timeout_s=600",
         *([f"weightsync.bucket_bytes={args.bucket_bytes}"] if args.bucket_bytes else []),

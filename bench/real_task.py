@@ -37,6 +37,7 @@ def _elapsed(rows: list[dict]) -> list[float]:
 
 def summarise(run_dir: Path, command: str, wall_s: float | None) -> dict:
     cfg = tomllib.loads((run_dir / "config.toml").read_text())
+    loss = cfg["trainer"]["loss"]  # a [trainer.loss] table; its name alone in runs written before that
     rows = _jsonl(run_dir / "metrics.jsonl")
     elapsed = _elapsed(rows)
     curve = [
@@ -77,7 +78,7 @@ def summarise(run_dir: Path, command: str, wall_s: float | None) -> dict:
         },
         "batch": {k: cfg["coordinator"][k] for k in ("num_prompts", "num_samples", "max_tokens", "temperature")},
         "lr": cfg["trainer"]["lr"],
-        "loss": cfg["trainer"]["loss"],
+        "loss": loss["name"] if isinstance(loss, dict) else loss,
         "samples": {
             "start": [s for s in samples if s["step"] == first],
             "end": [s for s in samples if s["step"] == last],

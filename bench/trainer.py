@@ -52,15 +52,20 @@ SHAPES = {  # the real Qwen2-0.5B / Qwen2-1.5B shapes, random weights
 }
 # The engine's config where pydantic is missing (the GPU image); --smoke checks it against TrainerSection.
 TRAINER_DEFAULTS = {
-    "backend": "fsdp2", "tensor_parallel": 1, "pipeline_parallel": 1,
-    "host": "127.0.0.1", "num_ranks": 1, "num_threads": 1, "grpc_port": 0, "lr": 1e-6, "weight_decay": 0.0,
-    "max_grad_norm": 1.0,
-    "clip_eps": 0.2, "kl_beta": 0.0, "max_tokens_per_microbatch": 16384, "minibatches": 1,
-    "loss": "grpo", "clip_eps_low": 0.2,
-    "clip_eps_high": 0.28, "dr_grpo_norm_tokens": 0, "kl_estimator": "k3", "entropy_coef": 0.0,
-    "importance_sampling": "off", "is_truncation": 2.0, "dtype": "bfloat16", "activation_checkpointing": "off",
-    "cpu_offload": False, "ref_cpu_offload": False, "attn_implementation": "sdpa_varlen", "flash_varlen": True,
-    "logprob_chunk_tokens": 0, "compile_layers": False,
+    "backend": "fsdp2", "host": "127.0.0.1", "num_ranks": 1, "num_threads": 1, "grpc_port": 0, "lr": 1e-6,
+    "weight_decay": 0.0, "max_grad_norm": 1.0, "max_tokens_per_microbatch": 16384, "minibatches": 1,
+    "dtype": "bfloat16",
+    "loss": {
+        "name": "grpo", "clip_eps": 0.2, "clip_eps_low": 0.2, "clip_eps_high": 0.28, "dr_grpo_norm_tokens": 0,
+        "kl_beta": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "importance_sampling": "off",
+        "is_truncation": 2.0,
+    },
+    "memory": {"activation_checkpointing": "off", "logprob_chunk_tokens": 0},
+    "fsdp2": {
+        "cpu_offload": False, "ref_cpu_offload": False, "attn_implementation": "sdpa_varlen", "flash_varlen": True,
+        "compile_layers": False,
+    },
+    "megatron": {"tensor_parallel": 1, "pipeline_parallel": 1},
 }  # fmt: skip
 # Every variant runs (--variants picks them); the fastest is the headline, each one's numbers are kept.
 FUSED = {"attn_implementation": "sdpa_varlen", "flash_varlen": True, "logprob_chunk_tokens": 4096}
@@ -81,12 +86,28 @@ def log(msg: str) -> None:
         print(f"[bench/trainer {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def trainer_config(**overrides):
+def nested(options: dict) -> dict:
+    """The bench's flat options (its variants, as its results record them) as TrainerSection's nested keys."""
+    table = {key: section for section, keys in TRAINER_DEFAULTS.items() if isinstance(keys, dict) for key in keys}
+    out = {section: dict(keys) if isinstance(keys, dict) else keys for section, keys in TRAINER_DEFAULTS.items()}
+    for key, value in options.items():
+        if key in table:
+            out[table[key]][key] = value
+        elif key == "loss" and isinstance(value, str):
+            out["loss"]["name"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def trainer_config(**options):
+    """TrainerSection with the bench's defaults and `options` (flat: `cpu_offload`, `tensor_parallel`, ...)."""
+    data = nested(options)
     try:
         from services.common.config import TrainerSection
     except ImportError:
-        return SimpleNamespace(**{**TRAINER_DEFAULTS, **overrides})
-    return TrainerSection(**{**TRAINER_DEFAULTS, **overrides})
+        return SimpleNamespace(**{k: SimpleNamespace(**v) if isinstance(v, dict) else v for k, v in data.items()})
+    return TrainerSection(**data)
 
 
 def rl_batch(args, vocab: int, seed: int = 0) -> tuple[list[Seq], list[float], list[list[float]]]:
@@ -176,7 +197,7 @@ def build_engine(shape: str, device: torch.device, options: dict):
     from services.trainer.build import assemble_engine
 
     cfg = trainer_config(num_ranks=dist.get_world_size(), **options)
-    model = qwen2(shape, cfg.attn_implementation, device)
+    model = qwen2(shape, cfg.fsdp2.attn_implementation, device)
     num_params = sum(p.numel() for p in model.parameters())
     return assemble_engine(model, None, cfg, Path(tempfile.gettempdir()), device), num_params
 
@@ -392,9 +413,18 @@ def main() -> None:
     device = pick_device()
     init_distributed(device)
     if args.smoke:
+        from pydantic import BaseModel
+
         from services.common.config import TrainerSection
 
-        assert set(TRAINER_DEFAULTS) == set(TrainerSection.model_fields), "TRAINER_DEFAULTS drifted from TrainerSection"
+        def fields(model) -> dict:
+            return {k: fields(f.annotation) if isinstance(f.default, BaseModel) else None
+                    for k, f in model.model_fields.items()}  # fmt: skip
+
+        def keys(d: dict) -> dict:
+            return {k: keys(v) if isinstance(v, dict) else None for k, v in d.items()}
+
+        assert keys(TRAINER_DEFAULTS) == fields(TrainerSection), "TRAINER_DEFAULTS drifted from TrainerSection"
     # --scaling adds to the single-GPU results; a plain run starts them over.
     results = json.loads(args.out.read_text()) if args.scaling and args.out.exists() else {}
     results.setdefault("configs", {})

@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 from services.trainer.packing import Seq  # noqa: E402
 
 VARIANTS = {
-    "engine_sdpa_mask": {"attn_implementation": "sdpa"},
-    "engine_sdpa_varlen": {"attn_implementation": "sdpa_varlen"},
-    "engine_sdpa_varlen_mb512": {"attn_implementation": "sdpa_varlen", "max_tokens_per_microbatch": 512},
+    "engine_sdpa_mask": {"fsdp2": {"attn_implementation": "sdpa"}},
+    "engine_sdpa_varlen": {"fsdp2": {"attn_implementation": "sdpa_varlen"}},
+    "engine_sdpa_varlen_mb512": {"fsdp2": {"attn_implementation": "sdpa_varlen"}, "max_tokens_per_microbatch": 512},
 }
 
 
@@ -54,8 +54,8 @@ def engine_step(model_dir: Path, options: dict, data, reps: int) -> list[float]:
     from services.common.config import TrainerSection
     from services.trainer.build import assemble_engine, load_model
 
-    cfg = TrainerSection(num_ranks=1, lr=1e-5, loss="dapo", **options)
-    model = load_model(str(model_dir), torch.float32, cfg.attn_implementation)
+    cfg = TrainerSection(num_ranks=1, lr=1e-5, loss={"name": "dapo"}, **options)
+    model = load_model(str(model_dir), torch.float32, cfg.fsdp2.attn_implementation)
     engine = assemble_engine(model, None, cfg, model_dir, torch.device("cpu"))
     times = []
     for _ in range(reps + 1):

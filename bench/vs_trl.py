@@ -133,7 +133,7 @@ def compare(cfg: RunConfig, trl: list[dict], ours: list[dict]) -> dict:
             "max_tokens": cfg.coordinator.max_tokens,
             "temperature": cfg.coordinator.temperature,
             "lr": cfg.trainer.lr,
-            "loss": cfg.trainer.loss,
+            "loss": cfg.trainer.loss.name,
             "train_minutes": cfg.run.train_minutes,
         },
     }

@@ -8,7 +8,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Section(BaseModel):
@@ -129,7 +129,7 @@ class CoordinatorSection(_Section):
     """Generate exactly max_tokens, past EOS (only the built-in toy task wants it: it scores fixed-length answers)."""
     advantage: Literal["grpo", "dr_grpo"] = "grpo"
     """Group-relative advantage: grpo ((r - mean) / std within the group) or dr_grpo (r - mean, no std division).
-    Unset, it follows trainer.loss = "dr_grpo" (the pairing Dr.GRPO's paper uses)."""
+    Unset, it follows trainer.loss.name = "dr_grpo" (the pairing Dr.GRPO's paper uses)."""
     dynamic_sampling: bool = False
     """Train only on groups whose rewards differ (DAPO): an all-equal group has zero advantage everywhere."""
     overlong_buffer_tokens: int = Field(default=0, ge=0)
@@ -165,18 +165,100 @@ class RolloutSection(_Section):
     """vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)."""
 
 
-class TrainerSection(_Section):
-    backend: Literal["fsdp2", "megatron"] = "fsdp2"
-    """fsdp2 (HF model sharded by FSDP2; CPU or GPU) or megatron (megatron-core GPTModel with tensor and pipeline
-    parallelism, distributed optimizer; one CUDA GPU per rank, Python >= 3.12)."""
+class LossSection(_Section):
+    """The policy objective: `trainer.loss = "dapo"` (a string) is shorthand for `trainer.loss.name = "dapo"`."""
+
+    name: Literal["grpo", "dapo", "gspo", "dr_grpo"] = "grpo"
+    """Policy loss: grpo (token-level clipped, clip_eps), dapo (token-level clip-higher, clip_eps_low/high),
+    gspo (sequence-level ratio, clip_eps_low/high, sequence-mean), dr_grpo (clip_eps, constant normaliser)."""
+    clip_eps: float = Field(default=0.2, gt=0)
+    """PPO clip range of the importance ratio."""
+    clip_eps_low: float = Field(default=0.2, gt=0, lt=1)
+    """Lower clip range (ratio >= 1 - clip_eps_low) of dapo and gspo; GSPO's paper uses 3e-4."""
+    clip_eps_high: float = Field(default=0.28, gt=0)
+    """Upper clip range (ratio <= 1 + clip_eps_high) of dapo and gspo; DAPO uses 0.28, GSPO 4e-4."""
+    dr_grpo_norm_tokens: int = Field(default=0, ge=0)
+    """Dr.GRPO's constant per-sequence normaliser in tokens; 0 = the batch's generation budget, which the
+    coordinator sends with each Train call (coordinator.max_tokens)."""
+    kl_beta: float = Field(default=0.0, ge=0)
+    """Weight of the KL penalty to the reference model (see kl_estimator); 0 = no reference model."""
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    """Per-token estimator of KL(policy || reference) weighted by kl_beta: k1 = log ratio, k3 = Schulman's k3."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus (subtracted from the loss); > 0 also reports `entropy`."""
+    importance_sampling: Literal["off", "token", "sequence"] = "off"
+    """Truncated importance-sampling correction of the rollout/trainer mismatch (NeMo-RL's
+    use_importance_sampling_correction): weight the policy loss by min(pi_trainer / pi_rollout, is_truncation),
+    per token or per sequence (product over the sequence's tokens)."""
+    is_truncation: float = Field(default=2.0, gt=0)
+    """Upper bound of the importance weights (TIS)."""
+
+
+class MemorySection(_Section):
+    """Memory-for-compute trades that both backends honour."""
+
+    activation_checkpointing: Literal["off", "layer", "selective"] = "off"
+    """Recompute activations in backward: off, every decoder layer, or selective (matmul and attention outputs
+    kept, the cheap pointwise ops recomputed)."""
+    logprob_chunk_tokens: int = Field(default=0, ge=0)
+    """Fused lm_head + logprob: response tokens per chunk of the fp32 softmax math over the bf16 logits, so the
+    fp32 [tokens, vocab] log-softmax and its gradient never exist; 0 = plain logits and log_softmax (the megatron
+    backend always chunks, 0 = its default chunk). Not used for trainer.loss.entropy_coef > 0 (the entropy needs
+    the full distribution)."""
+
+
+class Fsdp2Section(_Section):
+    """Options of the FSDP2 backend only; the megatron backend refuses any that is not its default."""
+
+    cpu_offload: bool = False
+    """Keep the policy's sharded parameters, gradients and optimizer state in CPU memory (FSDP2
+    CPUOffloadPolicy); the optimizer then steps on the CPU."""
+    ref_cpu_offload: bool = False
+    """Keep the reference model's shards in CPU memory, moved to the device one layer at a time."""
+    attn_implementation: Literal["sdpa", "sdpa_varlen", "flex_attention"] = "sdpa"
+    """Attention over packed rows: sdpa (transformers builds a block-causal mask from the position ids), sdpa_varlen
+    (one causal sdpa call per packed sequence: no mask, no cross-sequence FLOPs; best on GPU), flex_attention
+    (block-sparse mask; compiled on first use, GPU). The megatron backend always runs its packed flash attention."""
+    flash_varlen: bool = True
+    """With sdpa_varlen on CUDA in bf16: one flash-attention varlen call per packed row (cu_seqlens) instead of
+    one sdpa call per sequence; on CPU, or in fp32, sdpa_varlen always calls sdpa per sequence."""
+    compile_layers: bool = False
+    """torch.compile (dynamic shapes) every decoder layer's RMSNorms and MLP and the fused head's softmax math,
+    fusing their pointwise ops; GPU (CPU needs a C++ compiler and compiles slowly)."""
+
+
+class MegatronSection(_Section):
+    """Options of the megatron backend only; the fsdp2 backend refuses any that is not its default."""
+
     tensor_parallel: int = Field(default=1, ge=1)
     """Megatron tensor-parallel size (heads, kv groups, MLP and vocabulary split over this many ranks)."""
     pipeline_parallel: int = Field(default=1, ge=1)
     """Megatron pipeline-parallel size (layers split into this many stages); data parallel takes the rest."""
+
+
+# A subsection's key given flat on trainer (the layout before the nesting): the subsection it lives in now.
+_MOVED = {
+    **{key: "loss" for key in LossSection.model_fields if key != "name"},
+    **{key: "memory" for key in MemorySection.model_fields},
+    **{key: "fsdp2" for key in Fsdp2Section.model_fields},
+    **{key: "megatron" for key in MegatronSection.model_fields},
+}
+
+
+def _non_default(section: BaseModel) -> list[str]:
+    return [k for k, f in type(section).model_fields.items() if getattr(section, k) != f.default]
+
+
+class TrainerSection(_Section):
+    backend: Literal["fsdp2", "megatron"] = "fsdp2"
+    """fsdp2 (HF model sharded by FSDP2; CPU or GPU; options in trainer.fsdp2) or megatron (megatron-core GPTModel
+    with tensor and pipeline parallelism, distributed optimizer; one CUDA GPU per rank, Python >= 3.12; options in
+    trainer.megatron)."""
     host: str = "127.0.0.1"
     """Interface rank 0's gRPC service binds to."""
     num_ranks: int = Field(default=2, ge=1)
-    """FSDP2 ranks started by torchrun (gloo on CPU, NCCL on GPU)."""
+    """Trainer ranks started by torchrun (gloo on CPU, NCCL on GPU); with megatron, tensor_parallel x
+    pipeline_parallel x the data-parallel size."""
     num_threads: int = Field(default=1, ge=1)
     """Intra-op threads of each rank on CPU (torch.set_num_threads and OMP_NUM_THREADS); more than cores / ranks
     only makes the ranks and the rollout workers fight over the cores."""
@@ -188,10 +270,6 @@ class TrainerSection(_Section):
     """AdamW weight decay."""
     max_grad_norm: float = Field(default=1.0, gt=0)
     """Gradient clipping norm."""
-    clip_eps: float = Field(default=0.2, gt=0)
-    """PPO clip range of the importance ratio."""
-    kl_beta: float = Field(default=0.0, ge=0)
-    """Weight of the KL penalty to the reference model (see kl_estimator); 0 = no reference model."""
     max_tokens_per_microbatch: int = Field(default=4096, ge=16)
     """Token budget of one forward/backward."""
     minibatches: int = Field(default=1, ge=1)
@@ -199,67 +277,54 @@ class TrainerSection(_Section):
     many mini-batches of whole sequences, one AdamW step each, each normalised on its own. With more than one,
     pi_old (the clip range's anchor) comes from a no-grad pass before the first step, timed in
     timing/logprobs_s; with one, pi_old is the training forward itself and that pass is skipped."""
-    loss: Literal["grpo", "dapo", "gspo", "dr_grpo"] = "grpo"
-    """Policy loss: grpo (token-level clipped, clip_eps), dapo (token-level clip-higher, clip_eps_low/high),
-    gspo (sequence-level ratio, clip_eps_low/high, sequence-mean), dr_grpo (clip_eps, constant normaliser)."""
-    clip_eps_low: float = Field(default=0.2, gt=0, lt=1)
-    """Lower clip range (ratio >= 1 - clip_eps_low) of dapo and gspo; GSPO's paper uses 3e-4."""
-    clip_eps_high: float = Field(default=0.28, gt=0)
-    """Upper clip range (ratio <= 1 + clip_eps_high) of dapo and gspo; DAPO uses 0.28, GSPO 4e-4."""
-    dr_grpo_norm_tokens: int = Field(default=0, ge=0)
-    """Dr.GRPO's constant per-sequence normaliser in tokens; 0 = the batch's generation budget, which the
-    coordinator sends with each Train call (coordinator.max_tokens)."""
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    """Per-token estimator of KL(policy || reference) weighted by kl_beta: k1 = log ratio, k3 = Schulman's k3."""
-    entropy_coef: float = Field(default=0.0, ge=0)
-    """Weight of the entropy bonus (subtracted from the loss); > 0 also reports `entropy`."""
-    importance_sampling: Literal["off", "token", "sequence"] = "off"
-    """Truncated importance-sampling correction of the rollout/trainer mismatch (NeMo-RL's
-    use_importance_sampling_correction): weight the policy loss by min(pi_trainer / pi_rollout, is_truncation),
-    per token or per sequence (product over the sequence's tokens)."""
-    is_truncation: float = Field(default=2.0, gt=0)
-    """Upper bound of the importance weights (TIS)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype; bfloat16 keeps fp32 master weights, optimizer state and gradient reduction (FSDP2
     MixedPrecisionPolicy)."""
-    activation_checkpointing: Literal["off", "layer", "selective"] = "off"
-    """Recompute activations in backward: off, every decoder layer, or selective (matmul and attention outputs
-    kept, the cheap pointwise ops recomputed)."""
-    cpu_offload: bool = False
-    """Keep the policy's sharded parameters, gradients and optimizer state in CPU memory (FSDP2
-    CPUOffloadPolicy); the optimizer then steps on the CPU."""
-    ref_cpu_offload: bool = False
-    """Keep the reference model's shards in CPU memory, moved to the device one layer at a time."""
-    attn_implementation: Literal["sdpa", "sdpa_varlen", "flex_attention"] = "sdpa"
-    """Attention over packed rows: sdpa (transformers builds a block-causal mask from the position ids), sdpa_varlen
-    (one causal sdpa call per packed sequence: no mask, no cross-sequence FLOPs; best on GPU), flex_attention
-    (block-sparse mask; compiled on first use, GPU)."""
-    flash_varlen: bool = True
-    """With sdpa_varlen on CUDA in bf16: one flash-attention varlen call per packed row (cu_seqlens) instead of
-    one sdpa call per sequence; on CPU, or in fp32, sdpa_varlen always calls sdpa per sequence."""
-    logprob_chunk_tokens: int = Field(default=0, ge=0)
-    """Fused lm_head + logprob: response tokens per chunk of the fp32 softmax math over the bf16 logits, so the
-    fp32 [tokens, vocab] log-softmax and its gradient never exist; 0 = plain logits and log_softmax. Not used
-    for entropy_coef > 0 (the entropy needs the full distribution)."""
-    compile_layers: bool = False
-    """torch.compile (dynamic shapes) every decoder layer's RMSNorms and MLP and the fused head's softmax math,
-    fusing their pointwise ops; GPU (CPU needs a C++ compiler and compiles slowly)."""
+    loss: LossSection = LossSection()
+    """The policy objective ([trainer.loss]); `trainer.loss = "dapo"` is short for `trainer.loss.name = "dapo"`."""
+    memory: MemorySection = MemorySection()
+    """Activation recomputation and the fused logprob head ([trainer.memory])."""
+    fsdp2: Fsdp2Section = Fsdp2Section()
+    """FSDP2-only options ([trainer.fsdp2]): offload, attention kernel, compiled layers."""
+    megatron: MegatronSection = MegatronSection()
+    """Megatron-only options ([trainer.megatron]): tensor and pipeline parallel sizes."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_flat_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        moved = [f"trainer.{k} moved to trainer.{_MOVED[k]}.{k}" for k in data if k in _MOVED]
+        if moved:
+            raise ValueError("; ".join(moved))
+        return data
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss_shorthand(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value  # trainer.loss = "dapo"
 
     @model_validator(mode="after")
     def _check_backend(self) -> TrainerSection:
+        tp, pp = self.megatron.tensor_parallel, self.megatron.pipeline_parallel
         if self.backend == "fsdp2":
-            if self.tensor_parallel > 1 or self.pipeline_parallel > 1:
-                raise ValueError("trainer.tensor_parallel / pipeline_parallel > 1 need trainer.backend = 'megatron'")
+            if megatron_only := _non_default(self.megatron):
+                raise ValueError(
+                    f"trainer.megatron.{megatron_only[0]} is a Megatron option: it needs trainer.backend = 'megatron'"
+                )
             return self
-        if self.num_ranks % (self.tensor_parallel * self.pipeline_parallel):
-            raise ValueError("trainer.num_ranks must be a multiple of tensor_parallel * pipeline_parallel")
-        fsdp2_only = [k for k in ("cpu_offload", "ref_cpu_offload", "compile_layers") if getattr(self, k)]
-        if fsdp2_only:
-            raise ValueError(f"trainer.{fsdp2_only[0]} is an FSDP2 option; the megatron backend does not take it")
+        if self.num_ranks % (tp * pp):
+            raise ValueError(
+                "trainer.num_ranks must be a multiple of trainer.megatron.tensor_parallel * pipeline_parallel"
+            )
+        if fsdp2_only := _non_default(self.fsdp2):
+            raise ValueError(f"trainer.fsdp2.{fsdp2_only[0]} is an FSDP2 option; the megatron backend does not take it")
         if self.dtype != "bfloat16":
             raise ValueError("trainer.backend = 'megatron' computes in bfloat16 (flash attention): set trainer.dtype")
-        if self.entropy_coef > 0 and self.tensor_parallel > 1:
-            raise ValueError("trainer.entropy_coef > 0 needs tensor_parallel = 1 with the megatron backend")
+        if self.loss.entropy_coef > 0 and tp > 1:
+            raise ValueError(
+                "trainer.loss.entropy_coef > 0 needs trainer.megatron.tensor_parallel = 1 with the megatron backend"
+            )
         return self
 
 
@@ -339,7 +404,7 @@ class RunConfig(_Section):
             raise ValueError("model.hidden_size must be a multiple of model.num_heads")
         if self.model.num_heads % self.model.num_kv_heads:
             raise ValueError("model.num_heads must be a multiple of model.num_kv_heads")
-        if self.trainer.loss == "dr_grpo" and "advantage" not in self.coordinator.model_fields_set:
+        if self.trainer.loss.name == "dr_grpo" and "advantage" not in self.coordinator.model_fields_set:
             self.coordinator.advantage = "dr_grpo"
         if self.coordinator.top_p != 1.0:
             raise ValueError(
@@ -369,17 +434,28 @@ def _parse_value(raw: str) -> object:
         return raw
 
 
+# Tables that a plain value may stand for: `trainer.loss = "dapo"` is `trainer.loss.name = "dapo"`.
+_SHORTHAND = {("trainer", "loss"): "name"}
+
+
 def apply_override(data: dict, override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override {override!r} is not of the form section.key=value")
     key, raw = override.split("=", 1)
     parts = key.strip().split(".")
     node = data
-    for part in parts[:-1]:
+    for depth, part in enumerate(parts[:-1], 1):
+        if (short := _SHORTHAND.get(tuple(parts[:depth]))) and not isinstance(node.get(part, {}), dict):
+            node[part] = {short: node[part]}  # trainer.loss.clip_eps=... over a config's `loss = "dapo"`
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {key!r}: {part!r} is not a section")
-    node[parts[-1]] = _parse_value(raw.strip())
+    value = _parse_value(raw.strip())
+    short = _SHORTHAND.get(tuple(parts))
+    if short and isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict):
+        node[parts[-1]][short] = value  # trainer.loss=dapo over a [trainer.loss] table: its name, the rest kept
+    else:
+        node[parts[-1]] = value
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -400,13 +476,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def dump_toml(cfg: RunConfig) -> str:
-    """The whole config as TOML, so every child process reads exactly what was validated."""
-    lines = []
-    for section, values in cfg.model_dump().items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {_toml_value(value)}" for key, value in values.items()]
-        lines.append("")
+    """The whole config as TOML, so every child process reads exactly what was validated; a section's
+    subsections (trainer.loss, ...) as tables of their own ([trainer.loss])."""
+    lines: list[str] = []
+    for name in type(cfg).model_fields:
+        _dump_table(name, getattr(cfg, name), lines)
     return "\n".join(lines)
+
+
+def _dump_table(name: str, section: BaseModel, lines: list[str]) -> None:
+    values = section.model_dump()
+    subsections = [key for key in values if isinstance(getattr(section, key), BaseModel)]
+    lines.append(f"[{name}]")
+    lines += [f"{key} = {_toml_value(value)}" for key, value in values.items() if key not in subsections]
+    lines.append("")
+    for key in subsections:
+        _dump_table(f"{name}.{key}", getattr(section, key), lines)
 
 
 def _toml_value(value: object) -> str:

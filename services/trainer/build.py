@@ -42,10 +42,10 @@ def build_engine(cfg: RunConfig, device: torch.device) -> Engine:
 
         return build(cfg, device)
     trainer = cfg.trainer
-    policy = load_model(cfg.model.path, torch.float32, trainer.attn_implementation)
+    policy = load_model(cfg.model.path, torch.float32, trainer.fsdp2.attn_implementation)
     ref = None
-    if trainer.kl_beta > 0:
-        ref = load_model(cfg.model.path, _DTYPES[trainer.dtype], trainer.attn_implementation)
+    if trainer.loss.kl_beta > 0:
+        ref = load_model(cfg.model.path, _DTYPES[trainer.dtype], trainer.fsdp2.attn_implementation)
     return assemble_engine(policy, ref, trainer, Path(cfg.model.path), device)
 
 
@@ -62,24 +62,24 @@ def assemble_engine(
 ) -> Engine:
     """Shard already-built fp32 models (the master weights) on a mesh of every rank, then add AdamW."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    if cfg.compile_layers:  # before the wrappers: the compiled modules keep their names in the state dict
+    if cfg.fsdp2.compile_layers:  # before the wrappers: the compiled modules keep their names in the state dict
         compile_layers(model)
         compile_head()
-    apply_activation_checkpointing(model, cfg.activation_checkpointing)
+    apply_activation_checkpointing(model, cfg.memory.activation_checkpointing)
     compute_dtype = _DTYPES[cfg.dtype]
     # On one rank a shard is the whole parameter: resharding after forward would only cast and copy
     # every layer's weights again for backward, for no memory saved but the bf16 copy.
-    keep_unsharded = mesh.size() == 1 and not cfg.cpu_offload
-    shard(model, mesh, compute_dtype, cfg.cpu_offload, device, reshard_after_forward=not keep_unsharded)
+    keep_unsharded = mesh.size() == 1 and not cfg.fsdp2.cpu_offload
+    shard(model, mesh, compute_dtype, cfg.fsdp2.cpu_offload, device, reshard_after_forward=not keep_unsharded)
     install_packed_logprobs(model)
     if ref_model is not None:
         ref_model.requires_grad_(False).eval()
-        if cfg.compile_layers:
+        if cfg.fsdp2.compile_layers:
             compile_layers(ref_model)
-        shard(ref_model, mesh, compute_dtype, cfg.ref_cpu_offload, device)
+        shard(ref_model, mesh, compute_dtype, cfg.fsdp2.ref_cpu_offload, device)
         install_packed_logprobs(ref_model)
     # Fused AdamW is one kernel per step on GPU; on CPU (and for offloaded params) keep torch's default.
-    fused = {"fused": True} if device.type == "cuda" and not cfg.cpu_offload else {}
+    fused = {"fused": True} if device.type == "cuda" and not cfg.fsdp2.cpu_offload else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **fused)
     return Engine(model, ref_model, optimizer, cfg, model_dir, device)
 
@@ -145,7 +145,7 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
     elif mode == "selective":
         options = {"context_fn": _selective_contexts}
     else:
-        raise ValueError(f"trainer.activation_checkpointing must be off, layer or selective, got {mode!r}")
+        raise ValueError(f"trainer.memory.activation_checkpointing must be off, layer or selective, got {mode!r}")
     layers = model.model.layers
     for i, layer in enumerate(layers):
         layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False, **options)

@@ -36,7 +36,7 @@ class BatchTokens:
     advantages_N: Tensor
     rollout_logp_N: Tensor
     weights_N: Tensor
-    """Each token's weight in the batch loss (the normaliser of cfg.loss folded in)."""
+    """Each token's weight in the batch loss (the normaliser of cfg.loss.name folded in)."""
     ref_logp_N: Tensor | None
     old_logp_N: Tensor | None = None
     """pi_old from a pass before the first optimizer step; None: the training forward's own logprobs."""
@@ -125,7 +125,7 @@ class Engine:
     def shares_weights(self) -> bool:
         """Every rank can gather and send its share of a refit (gather_share); offloaded shards of a GPU
         run are gathered through the host, by rank 0 (full_state_dict)."""
-        return not (self.cfg.cpu_offload and self.device.type == "cuda")
+        return not (self.cfg.fsdp2.cpu_offload and self.device.type == "cuda")
 
     def hf_layout(self, dtype: torch.dtype | None = None) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
         """(name, dtype, full shape) of every tensor of the HF state dict, floating ones as cast to dtype."""
@@ -205,7 +205,7 @@ class Engine:
         response_lens_B = torch.tensor([len(s.response_ids) for s in seqs])
         adv_N = torch.repeat_interleave(torch.tensor(advantages, dtype=torch.float32), response_lens_B)
         rollout_N = torch.tensor([lp for seq_lps in rollout_logprobs for lp in seq_lps], dtype=torch.float32)
-        weights_N = loss_weights(self.cfg, response_lens_B, self.max_tokens)
+        weights_N = loss_weights(self.cfg.loss, response_lens_B, self.max_tokens)
         return BatchTokens(adv_N.to(self.device), rollout_N.to(self.device), weights_N.to(self.device), ref_N)
 
     @torch.no_grad()
@@ -232,8 +232,8 @@ class Engine:
         ids_1T, pos_1T = mb.input_ids_1T.to(self.device), mb.position_ids_1T.to(self.device)
         logit_index_R, targets_R = mb.logit_index_R.to(self.device), mb.targets_R.to(self.device)
         packed = self._packed_attention_kwargs(mb)
-        if self.cfg.logprob_chunk_tokens and not with_entropy:
-            chunk = self.cfg.logprob_chunk_tokens
+        if self.cfg.memory.logprob_chunk_tokens and not with_entropy:
+            chunk = self.cfg.memory.logprob_chunk_tokens
             logp_R = model.packed_logprobs(ids_1T, pos_1T, logit_index_R, targets_R, chunk, self.temperature, **packed)
             return logp_R, None
         logits_1RV = model(
@@ -246,9 +246,9 @@ class Engine:
         return token_logprobs(logits_1RV[0], targets_R), None
 
     def _packed_attention_kwargs(self, mb: Packed) -> dict:
-        if self.cfg.attn_implementation != SDPA_VARLEN:
+        if self.cfg.fsdp2.attn_implementation != SDPA_VARLEN:
             return {}
-        if not (self.cfg.flash_varlen and self.device.type == "cuda"):
+        if not (self.cfg.fsdp2.flash_varlen and self.device.type == "cuda"):
             return {"packed_seq_lens": mb.seq_lens}
         cu_seqlens = torch.tensor([0, *itertools.accumulate(mb.seq_lens)], dtype=torch.int32)
         return {"packed_seq_lens": mb.seq_lens, "packed_cu_seqlens": cu_seqlens.to(self.device)}
@@ -282,7 +282,7 @@ class Engine:
         """On one rank FSDP's reduce after a micro-batch is a cast and a copy, and the next micro-batch's
         gather another: until the last one, gradients accumulate unsharded (in fp32, the reduce dtype) and
         the layers stay gathered. With more ranks that would cost a full fp32 gradient per rank."""
-        if self.world == 1 and not self.cfg.cpu_offload and isinstance(self.model, FSDPModule):
+        if self.world == 1 and not self.cfg.fsdp2.cpu_offload and isinstance(self.model, FSDPModule):
             self.model.set_requires_gradient_sync(last)
             self.model.set_reshard_after_backward(last)
 
@@ -297,15 +297,15 @@ class Engine:
     def _loss_metrics(self, sums_4: Tensor, num_tokens: int) -> dict[str, float]:
         loss, kl, entropy, is_weight = sums_4.tolist()
         metrics = {"loss": loss, "kl": kl / num_tokens}
-        if self.cfg.entropy_coef > 0:  # only computed then: it costs another pass over the vocabulary
+        if self.cfg.loss.entropy_coef > 0:  # only computed then: it costs another pass over the vocabulary
             metrics["entropy"] = entropy / num_tokens
-        if self.cfg.importance_sampling != "off":
+        if self.cfg.loss.importance_sampling != "off":
             metrics["mismatch/is_weight_mean"] = is_weight / num_tokens
         return metrics
 
     def _microbatch_loss(self, mb: Packed, batch: BatchTokens) -> tuple[Tensor, Tensor, Tensor]:
         """Scaled loss to backward, detached sums of [weighted loss, kl, entropy, is_weight], detached logprobs."""
-        logp_R, entropy_R = self._forward(self.model, mb, with_entropy=self.cfg.entropy_coef > 0)
+        logp_R, entropy_R = self._forward(self.model, mb, with_entropy=self.cfg.loss.entropy_coef > 0)
         loss, stats = self._token_loss(mb, batch, logp_R, entropy_R)
         # FSDP2 averages gradients over ranks; the weights already hold the batch-wide normaliser, so
         # scaling by world size gives the exact gradient however tokens are spread over the ranks.
@@ -327,7 +327,7 @@ class Engine:
             segment_R=mb.segment_R.to(self.device),
             num_segments=len(mb.seq_indices),
         )
-        terms = token_objective(self.cfg, inputs)
+        terms = token_objective(self.cfg.loss, inputs)
         weighted_R = terms.loss_R * batch.weights_N[idx_R]
         entropy_sum = torch.zeros((), device=self.device) if entropy_R is None else entropy_R.detach().sum()
         sums = [weighted_R.detach().sum(), terms.kl_R.detach().sum(), entropy_sum, terms.is_weight_R.sum()]

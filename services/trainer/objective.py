@@ -23,7 +23,7 @@ from .losses import (
 )
 
 if TYPE_CHECKING:  # pydantic stays out of the import path: the GPU bench image lacks it
-    from services.common.config import TrainerSection
+    from services.common.config import LossSection
 
 LOSSES = ("grpo", "dapo", "gspo", "dr_grpo")
 
@@ -52,13 +52,13 @@ class TokenTerms:
     is_weight_R: Tensor
 
 
-def policy_loss(cfg: TrainerSection, x: TokenInputs) -> Tensor:
-    """The clipped surrogate of cfg.loss, per token."""
-    if cfg.loss in ("grpo", "dr_grpo"):
+def policy_loss(cfg: LossSection, x: TokenInputs) -> Tensor:
+    """The clipped surrogate of cfg.name, per token."""
+    if cfg.name in ("grpo", "dr_grpo"):
         return grpo_token_loss(x.logp_R, x.old_logp_R, x.advantages_R, cfg.clip_eps)
-    if cfg.loss == "dapo":
+    if cfg.name == "dapo":
         return clip_higher_token_loss(x.logp_R, x.old_logp_R, x.advantages_R, cfg.clip_eps_low, cfg.clip_eps_high)
-    if cfg.loss == "gspo":
+    if cfg.name == "gspo":
         return gspo_token_loss(
             x.logp_R,
             x.old_logp_R,
@@ -68,10 +68,10 @@ def policy_loss(cfg: TrainerSection, x: TokenInputs) -> Tensor:
             cfg.clip_eps_low,
             cfg.clip_eps_high,
         )
-    raise ValueError(f"trainer.loss must be one of {LOSSES}, got {cfg.loss!r}")
+    raise ValueError(f"trainer.loss.name must be one of {LOSSES}, got {cfg.name!r}")
 
 
-def importance_weights(cfg: TrainerSection, x: TokenInputs) -> Tensor:
+def importance_weights(cfg: LossSection, x: TokenInputs) -> Tensor:
     """Truncated IS weights of cfg.importance_sampling, per token (1 when off)."""
     if cfg.importance_sampling == "off":
         return torch.ones_like(x.logp_R)
@@ -79,10 +79,12 @@ def importance_weights(cfg: TrainerSection, x: TokenInputs) -> Tensor:
         return token_is_weights(x.old_logp_R, x.rollout_logp_R, cfg.is_truncation)
     if cfg.importance_sampling == "sequence":
         return sequence_is_weights(x.old_logp_R, x.rollout_logp_R, x.segment_R, x.num_segments, cfg.is_truncation)
-    raise ValueError(f"trainer.importance_sampling must be off, token or sequence, got {cfg.importance_sampling!r}")
+    raise ValueError(
+        f"trainer.loss.importance_sampling must be off, token or sequence, got {cfg.importance_sampling!r}"
+    )
 
 
-def token_objective(cfg: TrainerSection, x: TokenInputs) -> TokenTerms:
+def token_objective(cfg: LossSection, x: TokenInputs) -> TokenTerms:
     """Per-token loss to be summed with loss_weights; also the per-token KL and IS weight for metrics."""
     is_weight_R = importance_weights(cfg, x)
     loss_R = is_weight_R * policy_loss(cfg, x)
@@ -95,11 +97,11 @@ def token_objective(cfg: TrainerSection, x: TokenInputs) -> TokenTerms:
     return TokenTerms(loss_R, kl_R, is_weight_R)
 
 
-def loss_weights(cfg: TrainerSection, response_lens_B: Tensor, max_tokens: int = 0) -> Tensor:
+def loss_weights(cfg: LossSection, response_lens_B: Tensor, max_tokens: int = 0) -> Tensor:
     """Weight of every response token of the batch (flat layout) in the batch loss; max_tokens is the batch's
-    generation budget, Dr.GRPO's normaliser where trainer.dr_grpo_norm_tokens is 0."""
-    if cfg.loss == "gspo":
+    generation budget, Dr.GRPO's normaliser where trainer.loss.dr_grpo_norm_tokens is 0."""
+    if cfg.name == "gspo":
         return sequence_mean_weights(response_lens_B)
-    if cfg.loss == "dr_grpo":
+    if cfg.name == "dr_grpo":
         return constant_length_weights(response_lens_B, cfg.dr_grpo_norm_tokens or max_tokens)
     return token_mean_weights(response_lens_B)

@@ -62,13 +62,14 @@ def main() -> None:
     torch.cuda.set_device(device)
     dist.init_process_group("nccl")
     world = dist.get_world_size()
-    common = dict(num_ranks=world, dtype="bfloat16", lr=1e-3, max_tokens_per_microbatch=512, logprob_chunk_tokens=64)
+    memory = {"logprob_chunk_tokens": 64}
+    common = dict(num_ranks=world, dtype="bfloat16", lr=1e-3, max_tokens_per_microbatch=512, memory=memory)
     vocab = json.loads((args.model_dir / "config.json").read_text())["vocab_size"]
     seqs = random_seqs(12, vocab)
     advantages = [float(i % 3 - 1) for i in range(len(seqs))]
 
     hf = hf_logprobs(args.model_dir, seqs, device)
-    mcfg = TrainerSection(backend="megatron", tensor_parallel=args.tp, **common)
+    mcfg = TrainerSection(backend="megatron", megatron={"tensor_parallel": args.tp}, **common)
     meg = assemble(mcfg, args.model_dir, device)
     meg_lp = meg.logprobs(seqs)
     rollout = [t.tolist() for t in meg_lp]
@@ -92,8 +93,8 @@ def main() -> None:
     del meg
     torch.cuda.empty_cache()
 
-    fcfg = TrainerSection(attn_implementation="sdpa_varlen", **common)
-    policy = load_model(str(args.model_dir), torch.float32, fcfg.attn_implementation)
+    fcfg = TrainerSection(fsdp2={"attn_implementation": "sdpa_varlen"}, **common)
+    policy = load_model(str(args.model_dir), torch.float32, fcfg.fsdp2.attn_implementation)
     fsdp = assemble_engine(policy, None, fcfg, args.model_dir, device)
     fsdp_lp = fsdp.logprobs(seqs)
     fsdp_metrics = [fsdp.train(seqs, advantages, rollout) for _ in range(2)]

@@ -79,9 +79,8 @@ def _save_worker(model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     cfg = TrainerSection()
-    engine = assemble_engine(
-        load_model(model_dir, torch.float32, cfg.attn_implementation), None, cfg, Path(model_dir), torch.device("cpu")
-    )
+    model = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)
+    engine = assemble_engine(model, None, cfg, Path(model_dir), torch.device("cpu"))
     engine.save(Path(out), train_state=False)
     dist.destroy_process_group()
 

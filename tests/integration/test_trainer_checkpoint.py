@@ -17,9 +17,9 @@ OVERRIDES = [
     "trainer.num_ranks=2",
     "trainer.lr=1e-3",
     "trainer.weight_decay=0.01",
-    "trainer.kl_beta=0.1",
-    'trainer.loss="dapo"',
-    'trainer.importance_sampling="token"',
+    "trainer.loss.kl_beta=0.1",
+    'trainer.loss.name="dapo"',
+    'trainer.loss.importance_sampling="token"',
     "trainer.max_tokens_per_microbatch=16",
 ]
 EXACT_METRICS = ("loss", "grad_norm", "kl", "mismatch/mult_prob_error", "mismatch/is_weight_mean", "num_tokens")

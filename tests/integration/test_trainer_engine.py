@@ -14,13 +14,13 @@ import pytest
 import torch
 
 LR, KL_BETA = 1e-3, 0.1
-BASE = {"lr": LR, "weight_decay": 0.01, "kl_beta": KL_BETA, "max_tokens_per_microbatch": 16}
+BASE = {"lr": LR, "weight_decay": 0.01, "loss": {"kl_beta": KL_BETA}, "max_tokens_per_microbatch": 16}
 SAME_AS_BASE = {
-    "ac_layer": {"activation_checkpointing": "layer"},
-    "ac_selective": {"activation_checkpointing": "selective"},
-    "offload": {"cpu_offload": True, "ref_cpu_offload": True},
-    "sdpa_varlen": {"attn_implementation": "sdpa_varlen"},
-    "chunked_logprobs": {"logprob_chunk_tokens": 3},
+    "ac_layer": {"memory": {"activation_checkpointing": "layer"}},
+    "ac_selective": {"memory": {"activation_checkpointing": "selective"}},
+    "offload": {"fsdp2": {"cpu_offload": True, "ref_cpu_offload": True}},
+    "sdpa_varlen": {"fsdp2": {"attn_implementation": "sdpa_varlen"}},
+    "chunked_logprobs": {"memory": {"logprob_chunk_tokens": 3}},
 }
 # Recomputation and offload redo the same ops in the same order: bit-identical. Per-sequence attention
 # sums in another order, and AdamW's normalisation lifts that float noise to ~1e-6 in the parameters.
@@ -29,23 +29,33 @@ TOLERANCE = {"ac_layer": 0.0, "ac_selective": 0.0, "offload": 0.0, "sdpa_varlen"
 AGAINST_REFERENCE = {
     "base": {},
     "gspo_sequence_is": {
-        "loss": "gspo",
-        "clip_eps_low": 3e-4,
-        "clip_eps_high": 4e-4,
-        "importance_sampling": "sequence",
-        "is_truncation": 1.5,
-        "kl_estimator": "k1",
-        "entropy_coef": 0.01,
+        "loss": {
+            "name": "gspo",
+            "clip_eps_low": 3e-4,
+            "clip_eps_high": 4e-4,
+            "importance_sampling": "sequence",
+            "is_truncation": 1.5,
+            "kl_estimator": "k1",
+            "entropy_coef": 0.01,
+        }
     },
-    "dr_grpo_token_is": {"loss": "dr_grpo", "dr_grpo_norm_tokens": 12, "importance_sampling": "token"},
+    "dr_grpo_token_is": {"loss": {"name": "dr_grpo", "dr_grpo_norm_tokens": 12, "importance_sampling": "token"}},
     # Two AdamW steps: the second mini-batch's ratio is measured from pi_old, the policy before the first;
     # a large step and a narrow clip range make it leave the range, so a wrong anchor changes the update.
-    "minibatches": {"minibatches": 2, "lr": 0.01, "clip_eps": 0.002},
+    "minibatches": {"minibatches": 2, "lr": 0.01, "loss": {"clip_eps": 0.002}},
 }
 # AdamW's first steps move every parameter by ~lr whatever its gradient's size, so float noise in the
 # gradients shows up in proportion to lr: 10x the base lr for the mini-batch case (a wrong pi_old is off by 2e-2).
 PARAM_TOLERANCE = {"minibatches": 2e-4}
 CASES = {**AGAINST_REFERENCE, **SAME_AS_BASE, "bf16": {"dtype": "bfloat16"}}
+
+
+def _fields(name: str) -> dict:
+    """TrainerSection's fields of a case: BASE with the case on top, subsection by subsection."""
+    out = dict(BASE)
+    for key, value in CASES[name].items():
+        out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) else value
+    return out
 
 
 def _batch(vocab: int):
@@ -93,7 +103,7 @@ def _reference_update(model, ref, optimizer, cfg, seqs, advantages, rollout, old
     from services.trainer.objective import TokenInputs, loss_weights, token_objective
 
     lens = torch.tensor([len(s.response_ids) for s in seqs])
-    weights = loss_weights(cfg, lens).split(lens.tolist())
+    weights = loss_weights(cfg.loss, lens).split(lens.tolist())
     total, sums = 0.0, {"kl": 0.0, "entropy": 0.0, "mismatch/is_weight_mean": 0.0}
     for i, (s, adv, roll, w) in enumerate(zip(seqs, advantages, rollout, weights)):
         logp, entropy = _logprobs(model, s)
@@ -105,11 +115,11 @@ def _reference_update(model, ref, optimizer, cfg, seqs, advantages, rollout, old
             advantages_R=torch.full_like(logp, adv),
             rollout_logp_R=torch.tensor(roll),
             ref_logp_R=ref_logp,
-            entropy_R=entropy if cfg.entropy_coef > 0 else None,
+            entropy_R=entropy if cfg.loss.entropy_coef > 0 else None,
             segment_R=torch.zeros(len(logp), dtype=torch.long),
             num_segments=1,
         )
-        terms = token_objective(cfg, x)
+        terms = token_objective(cfg.loss, x)
         total = total + (terms.loss_R * w).sum()
         for key, values in (("kl", terms.kl_R), ("entropy", entropy), ("mismatch/is_weight_mean", terms.is_weight_R)):
             sums[key] += values.sum().item() / lens.sum().item()
@@ -137,9 +147,9 @@ def _worker(model_dir: str, out: str, names: str = ",".join(CASES)) -> None:
     seqs, advantages, rollout = _batch(vocab=78)
     results, params = {}, {}
     for name in names.split(","):
-        cfg = TrainerSection(**{**BASE, **CASES[name]})
-        policy = load_model(model_dir, torch.float32, cfg.attn_implementation)
-        ref = load_model(model_dir, torch.float32, cfg.attn_implementation)
+        cfg = TrainerSection(**_fields(name))
+        policy = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)
+        ref = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)
         engine = assemble_engine(policy, ref, cfg, Path(model_dir), torch.device("cpu"))
         metrics = engine.train(seqs, advantages, rollout)
         params[name] = engine.full_state_dict()
@@ -193,9 +203,9 @@ def test_objectives_match_an_unsharded_unpacked_step(results, name):
     for key, value in got["expected"].items():
         if key in got["metrics"]:
             assert got["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
-    overrides = CASES[name]
-    assert ("entropy" in got["metrics"]) == (overrides.get("entropy_coef", 0) > 0)
-    assert ("mismatch/is_weight_mean" in got["metrics"]) == (overrides.get("importance_sampling", "off") != "off")
+    loss = CASES[name].get("loss", {})
+    assert ("entropy" in got["metrics"]) == (loss.get("entropy_coef", 0) > 0)
+    assert ("mismatch/is_weight_mean" in got["metrics"]) == (loss.get("importance_sampling", "off") != "off")
 
 
 @pytest.mark.parametrize("name", list(CASES))

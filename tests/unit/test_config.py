@@ -95,3 +95,78 @@ def test_a_config_with_tables_and_escapes_survives_the_round_trip_through_toml()
         ],
     )
     assert RunConfig.model_validate(tomllib.loads(dump_toml(cfg))) == cfg
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("trainer.clip_eps=0.1", "trainer.loss.clip_eps"),
+        ("trainer.kl_beta=0.1", "trainer.loss.kl_beta"),
+        ("trainer.activation_checkpointing=layer", "trainer.memory.activation_checkpointing"),
+        ("trainer.cpu_offload=true", "trainer.fsdp2.cpu_offload"),
+        ("trainer.attn_implementation=sdpa_varlen", "trainer.fsdp2.attn_implementation"),
+        ("trainer.tensor_parallel=2", "trainer.megatron.tensor_parallel"),
+    ],
+)
+def test_a_flat_trainer_key_of_before_the_nesting_fails_naming_its_new_key(old, new):
+    key = old.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key} moved to {new}"):
+        load_config(None, [old])
+
+
+def test_a_flat_trainer_key_in_a_toml_fails_naming_its_new_key(tmp_path):
+    path = tmp_path / "old.toml"
+    path.write_text('[trainer]\nloss = "dapo"\nkl_beta = 0.1\n')
+    with pytest.raises(ConfigError, match=r"trainer.kl_beta moved to trainer.loss.kl_beta"):
+        load_config(path)
+
+
+def test_trainer_loss_as_a_string_is_the_loss_name_with_or_without_a_loss_table(tmp_path):
+    assert load_config(None, ["trainer.loss=dapo"]).trainer.loss.name == "dapo"
+    flat = tmp_path / "flat.toml"
+    flat.write_text('[trainer]\nloss = "gspo"\n')
+    assert load_config(flat).trainer.loss.name == "gspo"
+    assert load_config(flat, ["trainer.loss=dapo"]).trainer.loss.name == "dapo"
+    # A subkey over the shorthand keeps the shorthand's name.
+    loss = load_config(flat, ["trainer.loss.clip_eps_high=0.3"]).trainer.loss
+    assert (loss.name, loss.clip_eps_high) == ("gspo", 0.3)
+    table = tmp_path / "table.toml"
+    table.write_text('[trainer.loss]\nname = "gspo"\nkl_beta = 0.05\n')
+    loss = load_config(table, ['trainer.loss="dapo"']).trainer.loss
+    assert (loss.name, loss.kl_beta) == ("dapo", 0.05)  # the table's other keys are kept
+
+
+def test_an_option_of_the_other_backend_fails_naming_it():
+    megatron = ["trainer.backend=megatron", "trainer.dtype=bfloat16"]
+    assert load_config(None, [*megatron, "trainer.megatron.tensor_parallel=2"]).trainer.megatron.tensor_parallel == 2
+    for option in ("trainer.fsdp2.cpu_offload=true", "trainer.fsdp2.attn_implementation=sdpa_varlen"):
+        with pytest.raises(ConfigError, match=rf"{option.split('=')[0]} is an FSDP2 option"):
+            load_config(None, [*megatron, option])
+    with pytest.raises(ConfigError, match=r"trainer.megatron.pipeline_parallel is a Megatron option"):
+        load_config(None, ["trainer.megatron.pipeline_parallel=2"])
+    # Their defaults, written out, are no option set: a dumped fsdp2 config names every one of them.
+    assert load_config(None, [*megatron, "trainer.fsdp2.cpu_offload=false"]).trainer.backend == "megatron"
+
+
+def test_nested_trainer_sections_round_trip_through_toml_as_their_own_tables(tmp_path):
+    cfg = load_config(
+        None,
+        [
+            "trainer.loss=dapo",
+            "trainer.loss.kl_beta=0.05",
+            "trainer.memory.logprob_chunk_tokens=512",
+            "trainer.fsdp2.attn_implementation=sdpa_varlen",
+            "trainer.lr=1e-5",
+        ],
+    )
+    text = dump_toml(cfg)
+    for table in ("[trainer]", "[trainer.loss]", "[trainer.memory]", "[trainer.fsdp2]", "[trainer.megatron]"):
+        assert f"\n{table}\n" in f"\n{text}"
+    assert tomllib.loads(text)["trainer"]["loss"]["name"] == "dapo"
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    assert load_config(path) == cfg
+    parallel = ["trainer.num_ranks=4", "trainer.megatron.tensor_parallel=2", "trainer.megatron.pipeline_parallel=2"]
+    megatron = load_config(None, ["trainer.backend=megatron", "trainer.dtype=bfloat16", *parallel])
+    path.write_text(dump_toml(megatron))
+    assert load_config(path) == megatron

@@ -86,7 +86,7 @@ def test_colocated_on_slurm_puts_the_workers_on_trainer_rank_0s_node(tmp_path):
 
 # What `make run` accepts (or refuses, and why) on a machine with that many GPUs: CPU default, GPU counts 0/1/2/4,
 # colocated cuda_ipc, several rollout workers, several trainer ranks, Megatron tensor parallelism.
-MEGATRON_TP2 = ["trainer.backend=megatron", "trainer.dtype=bfloat16", "trainer.tensor_parallel=2"]
+MEGATRON_TP2 = ["trainer.backend=megatron", "trainer.dtype=bfloat16", "trainer.megatron.tensor_parallel=2"]
 CASES = {
     "cpu-default": (0, [], None),
     "cpu-ranks-and-workers": (0, ["trainer.num_ranks=4", "rollout.num_workers=3", "rollout.num_threads=2"], None),

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from services.common.config import TrainerSection
+from services.common.config import LossSection
 from services.trainer.losses import (
     clip_higher_token_loss,
     constant_length_weights,
@@ -158,8 +158,8 @@ def _inputs(seed: int, lens: list[int]) -> dict[str, list[float]]:
 @pytest.mark.parametrize("importance_sampling", ["off", "token"])
 @pytest.mark.parametrize("kl_estimator", ["k1", "k3"])
 def test_objective_composes_weighted_policy_loss_kl_and_entropy(importance_sampling, kl_estimator):
-    cfg = TrainerSection(
-        loss="dapo",
+    cfg = LossSection(
+        name="dapo",
         kl_beta=0.05,
         kl_estimator=kl_estimator,
         entropy_coef=0.01,
@@ -191,10 +191,10 @@ def test_objective_composes_weighted_policy_loss_kl_and_entropy(importance_sampl
 
 def test_loss_weights_follow_the_configured_loss():
     lens = torch.tensor([2, 6])
-    assert loss_weights(TrainerSection(), lens).tolist() == pytest.approx([1 / 8] * 8)
-    assert loss_weights(TrainerSection(loss="gspo"), lens).tolist() == pytest.approx([1 / 4] * 2 + [1 / 12] * 6)
-    dr = TrainerSection(loss="dr_grpo", dr_grpo_norm_tokens=10)
+    assert loss_weights(LossSection(), lens).tolist() == pytest.approx([1 / 8] * 8)
+    assert loss_weights(LossSection(name="gspo"), lens).tolist() == pytest.approx([1 / 4] * 2 + [1 / 12] * 6)
+    dr = LossSection(name="dr_grpo", dr_grpo_norm_tokens=10)
     assert loss_weights(dr, lens).tolist() == pytest.approx([1 / 20] * 8)
     # Unset, Dr.GRPO's normaliser is the generation budget that came with the batch; a configured one wins.
-    assert loss_weights(TrainerSection(loss="dr_grpo"), lens, 10).tolist() == pytest.approx([1 / 20] * 8)
+    assert loss_weights(LossSection(name="dr_grpo"), lens, 10).tolist() == pytest.approx([1 / 20] * 8)
     assert loss_weights(dr, lens, 99).tolist() == pytest.approx([1 / 20] * 8)

@@ -117,14 +117,17 @@ def test_transformer_config_carries_the_hf_shape():
                                          recompute="off")["add_qkv_bias"]  # fmt: skip
 
 
+MEGATRON_BF16 = {"backend": "megatron", "dtype": "bfloat16"}
+
+
 @pytest.mark.parametrize(
     "fields,match",
     [
-        ({"tensor_parallel": 2}, "backend = 'megatron'"),
-        ({"backend": "megatron", "num_ranks": 3, "tensor_parallel": 2}, "multiple"),
-        ({"backend": "megatron", "dtype": "bfloat16", "cpu_offload": True}, "FSDP2 option"),
+        ({"megatron": {"tensor_parallel": 2}}, "backend = 'megatron'"),
+        ({"backend": "megatron", "num_ranks": 3, "megatron": {"tensor_parallel": 2}}, "multiple"),
+        ({**MEGATRON_BF16, "fsdp2": {"cpu_offload": True}}, "FSDP2 option"),
         ({"backend": "megatron", "dtype": "float32"}, "bfloat16"),
-        ({"backend": "megatron", "dtype": "bfloat16", "tensor_parallel": 2, "entropy_coef": 0.01}, "entropy_coef"),
+        ({**MEGATRON_BF16, "megatron": {"tensor_parallel": 2}, "loss": {"entropy_coef": 0.01}}, "entropy_coef"),
     ],
 )
 def test_trainer_config_refuses_what_the_backend_cannot_do(fields, match):

@@ -11,20 +11,25 @@ from services.common.config import ConfigError, TrainerSection, load_config
 
 def test_defaults_are_the_original_trainer():
     cfg = TrainerSection()
-    assert (cfg.loss, cfg.kl_estimator, cfg.importance_sampling, cfg.entropy_coef) == ("grpo", "k3", "off", 0.0)
-    memory = (cfg.dtype, cfg.activation_checkpointing, cfg.cpu_offload, cfg.ref_cpu_offload, cfg.attn_implementation)
-    assert memory == ("float32", "off", False, False, "sdpa")
+    loss = cfg.loss
+    assert (loss.name, loss.kl_estimator, loss.importance_sampling, loss.entropy_coef) == ("grpo", "k3", "off", 0.0)
+    fsdp2 = cfg.fsdp2
+    memory = (cfg.dtype, cfg.memory.activation_checkpointing, fsdp2.cpu_offload, fsdp2.ref_cpu_offload)
+    assert (*memory, fsdp2.attn_implementation) == ("float32", "off", False, False, "sdpa")
 
 
 @pytest.mark.parametrize(
     "override, key",
     [
-        ('trainer.loss="ppo"', "trainer.loss"),
-        ("trainer.clip_eps_low=1.5", "trainer.clip_eps_low"),
-        ('trainer.kl_estimator="k2"', "trainer.kl_estimator"),
-        ('trainer.importance_sampling="icepop"', "trainer.importance_sampling"),
-        ("trainer.is_truncation=0", "trainer.is_truncation"),
-        ('trainer.activation_checkpointing="full"', "trainer.activation_checkpointing"),
+        ('trainer.loss="ppo"', "trainer.loss.name"),
+        ('trainer.loss.name="ppo"', "trainer.loss.name"),
+        ("trainer.loss.clip_eps_low=1.5", "trainer.loss.clip_eps_low"),
+        ('trainer.loss.kl_estimator="k2"', "trainer.loss.kl_estimator"),
+        ('trainer.loss.importance_sampling="icepop"', "trainer.loss.importance_sampling"),
+        ("trainer.loss.is_truncation=0", "trainer.loss.is_truncation"),
+        ('trainer.memory.activation_checkpointing="full"', "trainer.memory.activation_checkpointing"),
+        ('trainer.fsdp2.attn_implementation="flash"', "trainer.fsdp2.attn_implementation"),
+        ("trainer.megatron.tensor_parallel=0", "trainer.megatron.tensor_parallel"),
         ('trainer.dtype="float16"', "trainer.dtype"),
         ("trainer.minibatches=0", "trainer.minibatches"),
         ("trainer.minibatches=129", "trainer.minibatches"),  # more steps than 16 prompts x 8 samples

@@ -50,7 +50,7 @@ class MegatronEngine(Engine):
         self.last_stage = ps.is_pipeline_last_stage()
         # One rank per replica's last stage writes each token's values, so a world sum gathers them.
         self.writer = self.last_stage and ps.get_tensor_model_parallel_rank() == 0
-        self.chunk = cfg.logprob_chunk_tokens or _DEFAULT_CHUNK
+        self.chunk = cfg.memory.logprob_chunk_tokens or _DEFAULT_CHUNK
         self.dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
         self._dummy = pack([Seq([0], [0])], [0], [0, 1])
         compile_head()  # the fused head's softmax math as one inductor kernel per chunk (the GPU has inductor)
@@ -125,7 +125,7 @@ class MegatronEngine(Engine):
     def _step(self, plans: list[list[Packed | None]], batch: BatchTokens) -> dict[str, float]:
         old_N = torch.zeros_like(batch.rollout_logp_N)
         sums_4 = torch.zeros(4, device=self.device)
-        with_entropy = self.cfg.entropy_coef > 0
+        with_entropy = self.cfg.loss.entropy_coef > 0
 
         def loss(mb, output):
             one = torch.ones((), dtype=torch.int, device=self.device)
@@ -229,16 +229,16 @@ def build(cfg: RunConfig, device: torch.device) -> MegatronEngine:
 
 
 def assemble(trainer: TrainerSection, model_dir: Path, device: torch.device, seed: int = 0) -> MegatronEngine:
-    tp, pp = trainer.tensor_parallel, trainer.pipeline_parallel
+    tp, pp = trainer.megatron.tensor_parallel, trainer.megatron.pipeline_parallel
     mm.init_parallel(tp, pp, seed)
     shape = mm.read_shape(model_dir)
     bf16 = trainer.dtype == "bfloat16"
-    config = mm.transformer_config(shape, tp, pp, bf16, trainer.activation_checkpointing, dist.get_world_size())
+    config = mm.transformer_config(shape, tp, pp, bf16, trainer.memory.activation_checkpointing, dist.get_world_size())
     lay = mm.layout(config, shape)
     policy = mm.build_gpt(config, shape)
     mm.load_hf(policy, model_dir, lay)
     ref = None
-    if trainer.kl_beta > 0:
+    if trainer.loss.kl_beta > 0:
         ref = mm.build_gpt(config, shape)
         mm.load_hf(ref, model_dir, lay)
         ref.requires_grad_(False).eval()
