@@ -23,6 +23,8 @@ def assign_gpus(
     is spread over round robin, or trainer rank 0's GPU when colocated. () everywhere on CPU."""
     workers = [f"rollout-{i}" for i in range(cfg.rollout.num_workers)]
     if device == "cpu":
+        if why := cfg.rollout.gpu_options_error("the placement"):
+            raise PlacementError(why)
         return {name: () for name in ["trainer", *workers]}
     used = {node: [per_node, 0] for node in trainer_nodes}  # node -> [trainer GPUs, rollout GPUs]
     out: dict[str, Gpus] = {"trainer": tuple(range(per_node))}

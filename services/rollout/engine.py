@@ -41,12 +41,15 @@ class Engine(Protocol):
     def read_weights(self) -> dict[str, torch.Tensor]:
         """The weights the engine holds (views, not copies), in HF names, where it lets them be read."""
 
+    def sleep(self) -> None:
+        """Free what the engine can while it has no work (the trainer trains); the next call wakes it."""
+
 
 def make_engine(cfg: RolloutSection, model_path: str, seed: int) -> Engine:
     if cfg.engine == "vllm":
         from .vllm_engine import VllmEngine
 
-        return VllmEngine(model_path, seed=seed, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs)
+        return VllmEngine(model_path, seed=seed, cfg=cfg)
     if cfg.engine == "hf":
         from .hf_engine import HFEngine
 

@@ -88,3 +88,6 @@ class HFEngine:
 
     def read_weights(self) -> dict[str, torch.Tensor]:
         return dict(self._weights)
+
+    def sleep(self) -> None:
+        """Nothing to free: the transformers engine keeps its weights and allocates per call."""

