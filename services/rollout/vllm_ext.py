@@ -79,13 +79,13 @@ class WeightLoaderExtension:
     def _hf_views(self) -> dict[str, torch.Tensor]:
         views = getattr(self, "_grpo_views", None)
         if views is None:
-            from vllm.distributed import get_tensor_model_parallel_world_size
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 
-            views = self._grpo_views = hf_views(self.model_runner.model, get_tensor_model_parallel_world_size())
+            views = self._grpo_views = hf_views(self.model_runner.get_model(), get_tensor_model_parallel_world_size())
         return views
 
     def _on_gpu(self) -> bool:
-        return next(self.model_runner.model.parameters()).device.type == "cuda"
+        return next(self.model_runner.get_model().parameters()).device.type == "cuda"
 
     def load_named(self, named: list[tuple[str, torch.Tensor]]) -> None:
         if self._on_gpu():
