@@ -152,6 +152,10 @@ def process(
     return done
 
 
+IDLE_AFTER_WORK_MS = 50
+"""How long a worker that just generated waits for more work before it counts as idle (and sleeps its engine)."""
+
+
 def run_worker(
     queue: WorkQueue,
     state: EngineState,
@@ -161,14 +165,21 @@ def run_worker(
     stop: threading.Event,
 ) -> None:
     queue.ensure_group()
-    last_beat = 0.0
+    last_beat, just_worked = 0.0, False
     while not stop.is_set():
         if time.monotonic() - last_beat > 1.0:
             queue.heartbeat(state.worker_id, policy_version=state.policy_version, groups_done=state.num_groups_done)
             last_beat = time.monotonic()
+        # Right after a generation a short wait says whether the step's work is done: the coordinator enqueues a
+        # step's prompts at once, so nothing more within it means the trainer trains now (a 500 ms wait outlasted
+        # a 1.5B step's training and refit on an H200, and the engine never slept during one).
         claimed = queue.claim_batch(
-            state.worker_id, max_sequences=limits.max_num_seqs, block_ms=500, lease_timeout_s=limits.lease_timeout_s
+            state.worker_id,
+            max_sequences=limits.max_num_seqs,
+            block_ms=IDLE_AFTER_WORK_MS if just_worked else 500,
+            lease_timeout_s=limits.lease_timeout_s,
         )
+        just_worked = bool(claimed)
         if not claimed:  # no work: the trainer is training; the engine frees what rollout.gpu.sleep_level says
             with state.lock:
                 state.engine.sleep()

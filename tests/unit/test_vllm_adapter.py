@@ -54,7 +54,8 @@ def test_gpu_options_with_the_hf_engine_are_refused_by_the_config():
 
 
 def test_gpu_options_on_a_machine_without_gpus_are_one_placement_error():
-    cfg = load_config(None, ["rollout.gpu.gpu_memory_utilization=0.5", "rollout.gpu.enforce_eager=true"])
+    gpu = ["rollout.gpu.gpu_memory_utilization=0.5", "rollout.gpu.enforce_eager=true"]
+    cfg = load_config(None, ["model.create=true", *gpu])
     with pytest.raises(PlacementError) as e:
         place(cfg, Cluster("local", ("box",), 0))
     msg = str(e.value)
@@ -62,7 +63,7 @@ def test_gpu_options_on_a_machine_without_gpus_are_one_placement_error():
         "rollout.gpu.gpu_memory_utilization, rollout.gpu.enforce_eager are options of CUDA vLLM, but the placement "
         "has no CUDA GPU (vLLM runs its CPU build there, sized by rollout.kv_cache_GiB): remove them"
     )
-    place(load_config(None, []), Cluster("local", ("box",), 0))  # the defaults place anywhere
+    place(load_config(None, ["model.create=true"]), Cluster("local", ("box",), 0))  # the defaults place anywhere
     place(cfg, Cluster("local", ("box",), 4))
 
 
