@@ -107,12 +107,13 @@ def main() -> int:
             started = time.monotonic()
             result = evaluate(self.model, renderer, data.eval, reward, c.max_tokens)
             self.eval_s += time.monotonic() - started
-            emit("eval", step=step, train_s=self.train_s(), eval_s=time.monotonic() - started, **result)
+            train_s = self.train_s() if step else 0.0
+            emit("eval", step=step, train_s=train_s, eval_s=time.monotonic() - started, **result)
 
         def on_train_begin(self, args, state, control, model=None, **_):
             self.model = model
             self.record(0)
-            self.start, self.eval_s = time.monotonic(), 0.0
+            self.start, self.eval_s = time.monotonic(), 0.0  # the clock starts at the first step
 
         def on_step_end(self, args, state, control, **_):
             emit("step", step=state.global_step, train_s=self.train_s())

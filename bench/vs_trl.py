@@ -3,11 +3,12 @@ first, then this system through every service (the path `make run` takes), each 
 
     .venv/bin/python bench/vs_trl.py                                # 20 min a side: bench/results/vs_trl_cpu.json
     .venv/bin/python bench/vs_trl.py --minutes 10 --ours-args trainer.lr=3e-5   # a tuning try on our side
+    .venv/bin/python bench/vs_trl.py --task chain_sum               # another task, under "tasks" in the same file
     .venv/bin/python bench/vs_trl.py --smoke                        # tiny random model, a few steps (CI)
 
 TRL (pinned below) is installed into its own folder (bench/.trl-<version>, ignored by git) and put on the TRL
 process's PYTHONPATH only, so the project's environment stays as it is. Both sides read the one resolved config
-(deploy/configs/vs_trl_arithmetic.toml plus overrides), render prompts with the same PromptRenderer, score with
+(deploy/configs/vs_trl_<task>.toml plus overrides), render prompts with the same PromptRenderer, score with
 the same reward function and count a completion correct by the same rule. Curves are held-out greedy accuracy
 against training seconds from the first step; evaluation time is measured and reported apart, not counted.
 """
@@ -30,7 +31,8 @@ sys.path.insert(0, str(REPO))
 from services.common.config import RunConfig, dump_toml, load_config  # noqa: E402
 
 TRL_VERSION = "1.16.0"
-CONFIG = REPO / "deploy" / "configs" / "vs_trl_arithmetic.toml"
+CONFIGS = REPO / "deploy" / "configs"
+MAIN_TASK = "arithmetic"  # the issue's task; others go under "tasks" in the same result file
 TARGET = 0.5
 
 
@@ -141,6 +143,8 @@ def compare(cfg: RunConfig, trl: list[dict], ours: list[dict]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tasks = sorted(p.stem.removeprefix("vs_trl_") for p in CONFIGS.glob("vs_trl_*.toml"))
+    parser.add_argument("--task", default=MAIN_TASK, choices=tasks, help="deploy/configs/vs_trl_<task>.toml")
     parser.add_argument("--minutes", type=float, default=20.0, help="training budget of each side")
     parser.add_argument("--smoke", action="store_true", help="tiny random model, 3 steps a side, /tmp output")
     parser.add_argument("--args", nargs="*", default=[], help="overrides for both sides")
@@ -152,6 +156,7 @@ def main() -> int:
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vs-trl-"))
+    config = CONFIGS / f"vs_trl_{args.task}.toml"
     overrides = [f"run.train_minutes={args.minutes}", *args.args]
     if args.smoke:
         from services.common.config import ModelSection
@@ -164,18 +169,20 @@ def main() -> int:
         from services.common.models import build_model
 
         overrides.append(f'model.path="{build_model("smollm2-135m-instruct", REPO / "runs" / "models")}"')
-    cfg = load_config(CONFIG, overrides)
+    cfg = load_config(config, overrides)
     out = Path(args.out or ("/tmp/vs_trl_smoke.json" if args.smoke else REPO / "bench" / "results" / "vs_trl_cpu.json"))
+    saved = json.loads(out.read_text()) if out.exists() else {}
+    previous = saved if args.task == MAIN_TASK else saved.get("tasks", {}).get(args.task, {})
 
     if args.skip_trl:
-        trl = json.loads(out.read_text())["trl_raw"]
+        trl = previous["trl_raw"]
     else:
         cfg_path = work / "trl.toml"
         cfg_path.write_text(dump_toml(cfg))
         started = time.monotonic()
         trl = run_trl(cfg_path, work, install_trl(), not args.trl_no_gradient_checkpointing)
         print(f"TRL side done in {time.monotonic() - started:.0f} s", flush=True)
-    ours_cfg = load_config(CONFIG, [*overrides, *args.ours_args])
+    ours_cfg = load_config(config, [*overrides, *args.ours_args])
     started = time.monotonic()
     ours, _ = run_ours(ours_cfg, work)
     print(f"our side done in {time.monotonic() - started:.0f} s", flush=True)
@@ -188,7 +195,12 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
         "trl_raw": trl,
     }
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.task == MAIN_TASK:
+        saved = {**result, "tasks": saved.get("tasks", {})}
+    else:
+        saved = {"tasks": {}, **saved}
+        saved["tasks"][args.task] = result
+    out.write_text(json.dumps(saved, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if not k.endswith(("curve", "raw"))}, indent=2))
     return 0
 
