@@ -3,7 +3,7 @@ first, then this system through every service (the path `make run` takes), each 
 
     .venv/bin/python bench/vs_trl.py                                # 20 min a side: bench/results/vs_trl_cpu.json
     .venv/bin/python bench/vs_trl.py --minutes 10 --ours-args trainer.lr=3e-5   # a tuning try on our side
-    .venv/bin/python bench/vs_trl.py --task chain_sum               # another task, under "tasks" in the same file
+    .venv/bin/python bench/vs_trl.py --task NAME                    # deploy/configs/vs_trl_NAME.toml, under "tasks"
     .venv/bin/python bench/vs_trl.py --smoke                        # tiny random model, a few steps (CI)
 
 TRL (pinned below) is installed into its own folder (bench/.trl-<version>, ignored by git) and put on the TRL
