@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from services.common.config import RunConfig  # noqa: E402
 from services.common.rewards import BUILTIN, full_marks  # noqa: E402
-from services.common.tasks import Prompt, PromptRenderer, load_task  # noqa: E402
+from services.common.tasks import Prompt, PromptOrder, PromptRenderer, load_task  # noqa: E402
 
 
 def emit(kind: str, **fields) -> None:
@@ -79,13 +79,19 @@ def main() -> int:
     renderer = PromptRenderer(cfg.model.path, cfg.task.system_prompt, cfg.task.chat_template)
     [reward_name] = cfg.task.reward_weights()
     reward = BUILTIN[reward_name]
+    # The training prompts in the order our coordinator takes them (PromptOrder, the run seed), with TRL's own
+    # shuffle off: both sides then train on the same prompts at every step, so their per-step curves differ by
+    # the sampling alone.
+    train = [data.train[i] for i in PromptOrder(len(data.train), run.seed).take(len(data.train))]
     rows = {
-        "prompt": [messages(renderer, p) for p in data.train],
-        "answer": [p.answer for p in data.train],
-        "metadata_json": [json.dumps(p.metadata) for p in data.train],
+        "prompt": [messages(renderer, p) for p in train],
+        "text": [p.text for p in train],
+        "answer": [p.answer for p in train],
+        "metadata_json": [json.dumps(p.metadata) for p in train],
     }
 
-    def reward_fn(prompts, completions, answer, metadata_json, **_):
+    def reward_fn(prompts, completions, answer, metadata_json, text, **_):
+        emit("batch", prompts=list(dict.fromkeys(text)))  # this step's prompts, in order (one call per step)
         texts = [x[-1]["content"] if isinstance(x, list) else x for x in completions]
         return [
             reward("", t, a, {**json.loads(m), "num_tokens": 0, "finish_reason": ""})
@@ -139,6 +145,7 @@ def main() -> int:
         warmup_steps=0,
         gradient_checkpointing=args.gradient_checkpointing,
         scale_rewards="group",
+        shuffle_dataset=False,  # the rows are already in our order (above)
         max_steps=run.num_steps,
         logging_steps=1,
         save_strategy="no",

@@ -96,6 +96,18 @@ def ours_curve(rows: list[dict]) -> list[dict]:
     ]
 
 
+def same_prompts(trl: list[dict], run_dir: Path) -> float | None:
+    """Share of the steps both sides ran that trained on the same prompts (TRL reads our order, shuffle off)."""
+    trl_steps = [set(r["prompts"]) for r in trl if r["kind"] == "batch"]
+    ours: dict[int, set[str]] = {}
+    for line in (run_dir / "samples.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if not row["eval"]:
+            ours.setdefault(int(row["step"]), set()).add(row["prompt"])
+    both = [s for s in ours if 1 <= s <= len(trl_steps)]
+    return sum(ours[s] <= trl_steps[s - 1] for s in both) / len(both) if both else None
+
+
 def seconds_to(curve: list[dict], target: float) -> float | None:
     return next((p["train_s"] for p in curve if p["accuracy"] >= target), None)
 
@@ -112,7 +124,7 @@ def step_breakdown(rows: list[dict]) -> dict[str, float]:
     return {k: sorted(r[k] for r in steps)[len(steps) // 2] for k in keys}
 
 
-def compare(cfg: RunConfig, trl: list[dict], ours: list[dict]) -> dict:
+def compare(cfg: RunConfig, trl: list[dict], ours: list[dict], run_dir: Path) -> dict:
     tc, oc = trl_curve(trl), ours_curve(ours)
     trl_t, ours_t = seconds_to(tc, TARGET), seconds_to(oc, TARGET)
     trl_steps = [r for r in trl if r["kind"] == "step"]
@@ -127,6 +139,7 @@ def compare(cfg: RunConfig, trl: list[dict], ours: list[dict]) -> dict:
         "ours_final_accuracy": final_accuracy(oc),
         "trl_seconds_per_step": trl_steps[-1]["train_s"] / trl_steps[-1]["step"] if trl_steps else None,
         "ours_step_breakdown_median_s": step_breakdown(ours),
+        "same_prompts_per_step": same_prompts(trl, run_dir),
         "trl_curve": tc,
         "ours_curve": oc,
         "hyperparameters": {
@@ -139,6 +152,30 @@ def compare(cfg: RunConfig, trl: list[dict], ours: list[dict]) -> dict:
             "train_minutes": cfg.run.train_minutes,
         },
     }
+
+
+def plot(saved: dict, path: Path) -> None:
+    """Held-out accuracy against training seconds, TRL and ours, one panel per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = [saved] if "trl_curve" in saved else []
+    results += [r for r in saved.get("tasks", {}).values() if "trl_curve" in r]
+    if not results:
+        return
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        for side, label in (("trl", f"TRL {r.get('trl_version', '')}"), ("ours", "ours")):
+            curve = r[f"{side}_curve"]
+            ax.plot([p["train_s"] for p in curve], [p["accuracy"] for p in curve], marker=".", label=label)
+        ax.axhline(r["target_accuracy"], color="grey", lw=0.5)
+        ax.set(title=r["task"], xlabel="training seconds (evaluation excluded)", ylabel="held-out accuracy")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> int:
@@ -184,11 +221,11 @@ def main() -> int:
         print(f"TRL side done in {time.monotonic() - started:.0f} s", flush=True)
     ours_cfg = load_config(config, [*overrides, *args.ours_args])
     started = time.monotonic()
-    ours, _ = run_ours(ours_cfg, work)
+    ours, run_dir = run_ours(ours_cfg, work)
     print(f"our side done in {time.monotonic() - started:.0f} s", flush=True)
 
     result = {
-        **compare(ours_cfg, trl, ours),
+        **compare(ours_cfg, trl, ours, run_dir),
         "trl_version": TRL_VERSION,
         "ours_overrides": args.ours_args,
         "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
@@ -201,6 +238,7 @@ def main() -> int:
         saved = {"tasks": {}, **saved}
         saved["tasks"][args.task] = result
     out.write_text(json.dumps(saved, indent=2) + "\n")
+    plot(saved, out.with_suffix(".png"))
     print(json.dumps({k: v for k, v in result.items() if not k.endswith(("curve", "raw"))}, indent=2))
     return 0
 

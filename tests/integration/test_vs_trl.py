@@ -49,5 +49,8 @@ def test_a_tiny_head_to_head_trains_both_sides_and_writes_both_curves(tmp_path):
         assert curve[0]["train_s"] == 0.0 < curve[1]["train_s"] < curve[2]["train_s"]
         assert all(p["eval_s"] > 0 for p in curve)
         assert result[f"{side}_final_accuracy"] == sum(p["accuracy"] for p in curve) / 3
+    # TRL reads the training prompts in our coordinator's order: every step trains on the same prompts.
+    assert result["same_prompts_per_step"] == 1.0
+    assert out.with_suffix(".png").stat().st_size > 0  # the plot of both curves
     breakdown = result["ours_step_breakdown_median_s"]
     assert breakdown["timing/total_s"] >= breakdown["timing/policy_training_s"] > 0
