@@ -33,8 +33,8 @@ def test_pack_unpack_round_trip_is_bit_exact_through_the_wire_form(num_buffers):
     tensor_bytes = sum(t.numel() * t.element_size() for _, t in named)
     assert tensor_bytes <= plan.payload_bytes < tensor_bytes + ALIGN_BYTES * (len(named) + plan.num_buckets)
     assert plan.num_buckets >= 2  # "big" (16 KiB) exceeds a bucket: a bucket of its own
-    assert sums == [cs.bucket_checksum(b, "crc32") for b in buckets]
-    received = mf.plan_of(mf.to_manifest(plan, 3, "crc32"))
+    assert sums == [cs.bucket_checksum(b, "xxh3") for b in buckets]
+    received = mf.plan_of(mf.to_manifest(plan, 3, "xxh3"))
     out = dict(unpack(buckets, received))
     for name, t in named:
         assert out[name].dtype == t.dtype and torch.equal(out[name], t)
@@ -76,22 +76,23 @@ def test_bad_layouts_are_value_errors_naming_the_choices():
         ReceiverLayout(fuse=("qkvo",))
 
 
-def test_checksums_change_with_any_byte_and_any_swap():
+@pytest.mark.parametrize("algo", ["sum64", "xxh3"])
+def test_checksums_change_with_any_byte_and_any_swap(algo):
     named = _named()
     _, buckets, sums = _send(named)
     named[1][1][7] += 1
     _, _, sums2 = _send(named)
     assert sums != sums2
     buf = buckets[0]
-    base = cs.bucket_checksum(buf, "sum64")
+    base = cs.bucket_checksum(buf, algo)
     words = buf.view(torch.int64)
     for i, j in [(0, 1), (0, 8), (3, 17)]:  # same line, same column, neither
         swapped = words.clone()
         swapped[[i, j]] = swapped[[j, i]]
-        assert torch.equal(swapped, words) or cs.bucket_checksum(swapped.view(torch.uint8), "sum64") != base
+        assert torch.equal(swapped, words) or cs.bucket_checksum(swapped.view(torch.uint8), algo) != base
     flipped = buf.clone()
     flipped[5] ^= 1
-    assert cs.bucket_checksum(flipped, "sum64") != base
+    assert cs.bucket_checksum(flipped, algo) != base
 
 
 def test_manifest_outside_its_bucket_is_rejected():

@@ -64,7 +64,7 @@ def test_a_gloo_refit_carries_every_bucket_and_then_the_commit():
 
     def receive() -> None:
         transport = Transports().get("gloo")
-        got["buckets"], got["sums"] = receive_buckets(transport, transfer(1), list(plan.bucket_nbytes), "crc32")
+        got["buckets"], got["sums"] = receive_buckets(transport, transfer(1), list(plan.bucket_nbytes), "xxh3")
         got["commit"] = Commit.decode(transport.receive_commit(transfer(1)))
 
     thread = threading.Thread(target=receive)

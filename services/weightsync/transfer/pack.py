@@ -132,7 +132,7 @@ def _host_ring(plan, lookup, ring, sums, indices: list[int]) -> Iterator[tuple[i
         i = indices[k]
         buf = ring[k % len(ring)][: plan.bucket_nbytes[i]]
         pack_into(buf, plan, i, lookup)
-        return buf, cs.bucket_checksum(buf, "crc32")
+        return buf, cs.bucket_checksum(buf, cs.algo_for(buf.device))
 
     with ThreadPoolExecutor(1, thread_name_prefix="weightsync-pack") as pool:
         ahead = {k: pool.submit(pack, k) for k in range(min(len(ring), len(indices)))}
