@@ -373,10 +373,12 @@ class WeightsyncSection(_Section):
     """gRPC control port; 0 = a free port chosen at launch."""
     store_port: int = Field(default=0, ge=0, le=65535)
     """TCPStore port for transfer-group rendezvous; 0 = a free port chosen at launch."""
-    bucket_bytes: int = Field(default=256 * 2**20, ge=2**10)
-    """Bytes per transfer bucket. Each bucket costs a hand-off (~0.6 ms over CUDA IPC on an H200): a
-    colocated 1.3B refit received in 31-34 ms with 64 MiB buckets, 13-15 ms with 256 MiB, 9-11 ms with 1 GiB
-    (`bench/multigpu.py --colocated --bucket-bytes`, bench/README.md); the sender's ring holds num_buffers."""
+    bucket_bytes: int = Field(default=0, ge=0)
+    """Bytes per transfer bucket; 0 = by the transport's device (bucket_bytes_for). On a GPU each bucket costs a
+    hand-off (~0.6 ms over CUDA IPC on an H200): a colocated 1.3B refit received in 31-34 ms with 64 MiB
+    buckets, 13-15 ms with 256 MiB, 9-11 ms with 1 GiB (`bench/multigpu.py --colocated --bucket-bytes`). On CPU
+    the buckets pipeline packing, gloo and hashing on a few cores: 0.62 GB/s with 256 MiB, 1.09 with 32 MiB,
+    1.11 with 8 MiB (`bench/weightsync.py --cpu --bucket-bytes N`, 2 cores). The sender's ring holds num_buffers."""
     timeout_s: float = Field(default=120.0, gt=0)
     """Deadline of one refit, rendezvous included."""
     transport: Literal["auto", "gloo", "nccl", "cuda_ipc", "ucxx"] = "auto"
@@ -394,6 +396,17 @@ class WeightsyncSection(_Section):
     funnel: no rank holds more than its share of the full weights); false: rank 0 gathers and sends them all."""
     ucxx_host: str = "127.0.0.1"
     """Address the trainer's ucxx listener binds to and rollout workers reach (transport = ucxx)."""
+
+    @field_validator("bucket_bytes")
+    @classmethod
+    def _bucket_floor(cls, v: int) -> int:
+        if 0 < v < 2**10:
+            raise ValueError(f"weightsync.bucket_bytes must be 0 (by device) or >= 1024, got {v}")
+        return v
+
+    def bucket_bytes_for(self, device_type: str) -> int:
+        """bucket_bytes, or where it is 0: 256 MiB for a GPU transport, 32 MiB for a host one."""
+        return self.bucket_bytes or (256 * 2**20 if device_type == "cuda" else 32 * 2**20)
 
 
 class RedisSection(_Section):

@@ -85,9 +85,10 @@ class Executor:
         on_device = engine.device.type == "cuda" and transport.device_type == "cuda"
         dtype = torch_dtype(ws.cast_dtype) if ws.cast_dtype else None
         address, timeout_s = f"{ws.host}:{ws.grpc_port}", request.timeout_s or ws.timeout_s
+        bucket_bytes = ws.bucket_bytes_for(transport.device_type)
         start = time.perf_counter()
         if ws.all_ranks_send and engine.world > 1 and engine.shares_weights and transport.max_senders > 1:
-            plan = self._all_ranks.plan(engine.hf_layout(dtype), address, ws.bucket_bytes, timeout_s)
+            plan = self._all_ranks.plan(engine.hf_layout(dtype), address, bucket_bytes, timeout_s)
             if plan is None:  # rank 0 raised: the weightsync service could not be asked
                 return None
             # Cast as the engines want it (their registered dtype by default) inside the gather: an fp32
@@ -102,7 +103,7 @@ class Executor:
             if engine.rank != 0:
                 return None
             result = self._lone_sender.publish(
-                list(sd.items()), engine.policy_version, address, ws.bucket_bytes, timeout_s
+                list(sd.items()), engine.policy_version, address, bucket_bytes, timeout_s
             )
         if result is None:  # ranks other than 0
             return None

@@ -170,3 +170,12 @@ def test_nested_trainer_sections_round_trip_through_toml_as_their_own_tables(tmp
     megatron = load_config(None, ["trainer.backend=megatron", "trainer.dtype=bfloat16", *parallel])
     path.write_text(dump_toml(megatron))
     assert load_config(path) == megatron
+
+
+def test_refit_buckets_follow_the_transport_device_unless_set():
+    ws = load_config(None, []).weightsync
+    assert ws.bucket_bytes == 0
+    assert (ws.bucket_bytes_for("cpu"), ws.bucket_bytes_for("cuda")) == (32 * 2**20, 256 * 2**20)
+    assert load_config(None, ["weightsync.bucket_bytes=4096"]).weightsync.bucket_bytes_for("cuda") == 4096
+    with pytest.raises(ConfigError, match="weightsync.bucket_bytes"):
+        load_config(None, ["weightsync.bucket_bytes=512"])
