@@ -202,6 +202,7 @@ def main() -> int:
         model = create_tiny_model(ModelSection(path=str(work / "tiny")), seed=0)
         overrides += [f'model.path="{model}"', "task.chat_template=false", "task.train_size=64", "task.eval_size=4"]
         overrides += ["run.num_steps=3", "run.eval_every=2", "run.train_minutes=0", "coordinator.max_tokens=8"]
+        overrides += ["rollout.cpu_compile=false"]  # the compile's ~75 s start-up buys nothing in 3 steps
     else:
         from services.common.models import build_model
 

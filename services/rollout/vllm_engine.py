@@ -57,6 +57,21 @@ def check_vllm(build: str, version: str, has_cuda: bool) -> None:
         raise RuntimeError(f"{dist} {version} is installed; the rollout supports {span}: {install}")
 
 
+def engine_args(cfg: RolloutSection, on_gpu: bool) -> dict:
+    """vLLM's LLM(...) arguments from the rollout config, for the CUDA build (on_gpu) or the CPU one."""
+    gpu_args = {"gpu_memory_utilization": cfg.gpu.gpu_memory_utilization, "enable_sleep_mode": cfg.gpu.sleep_level > 0}
+    return dict(
+        dtype="bfloat16" if on_gpu else "float32",
+        max_model_len=cfg.max_model_len,
+        enforce_eager=cfg.gpu.enforce_eager if on_gpu else not cfg.cpu_compile,
+        max_num_seqs=cfg.max_num_seqs,
+        # Logprobs of the distribution sampled from (after temperature), the one the trainer scores.
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls="services.rollout.vllm_ext.WeightLoaderExtension",
+        **(gpu_args if on_gpu else {}),
+    )
+
+
 class VllmEngine:
     def __init__(self, model_path: str, seed: int, cfg: RolloutSection):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -69,23 +84,7 @@ class VllmEngine:
         self.dtype = torch.bfloat16 if on_gpu else torch.float32
         self.sleep_level = cfg.gpu.sleep_level if on_gpu else 0
         self.asleep = False
-        gpu_args = (
-            {"gpu_memory_utilization": cfg.gpu.gpu_memory_utilization, "enable_sleep_mode": self.sleep_level > 0}
-            if on_gpu
-            else {}
-        )
-        self.llm = LLM(
-            model=model_path,
-            dtype=str(self.dtype).removeprefix("torch."),
-            max_model_len=cfg.max_model_len,
-            enforce_eager=cfg.gpu.enforce_eager or not on_gpu,
-            seed=seed,
-            max_num_seqs=cfg.max_num_seqs,
-            # Logprobs of the distribution sampled from (after temperature), the one the trainer scores.
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls="services.rollout.vllm_ext.WeightLoaderExtension",
-            **gpu_args,
-        )
+        self.llm = LLM(model=model_path, seed=seed, **engine_args(cfg, on_gpu))
 
     def generate(self, requests: list[Request]) -> list[list[Sample]]:
         from vllm import SamplingParams

@@ -8,7 +8,7 @@ import torch
 
 from deploy.placement import Cluster, PlacementError, place
 from services.common.config import ConfigError, RolloutSection, load_config
-from services.rollout.vllm_engine import SUPPORTED, VllmEngine, check_vllm, installed_vllm
+from services.rollout.vllm_engine import SUPPORTED, VllmEngine, check_vllm, engine_args, installed_vllm
 
 
 @pytest.mark.parametrize(
@@ -72,3 +72,12 @@ def test_the_engine_refuses_gpu_options_before_starting_vllm(tiny_model):
     cfg = RolloutSection(gpu={"sleep_level": 1})
     with pytest.raises(ValueError, match=r"^rollout.gpu.sleep_level is an option of CUDA vLLM, but this machine"):
         VllmEngine(str(tiny_model), seed=0, cfg=cfg)
+
+
+def test_the_cpu_build_compiles_only_when_asked_and_the_gpu_one_takes_its_own_options():
+    cpu = engine_args(RolloutSection(), on_gpu=False)
+    assert cpu["enforce_eager"] and cpu["dtype"] == "float32" and "gpu_memory_utilization" not in cpu
+    assert not engine_args(RolloutSection(cpu_compile=True), on_gpu=False)["enforce_eager"]
+    gpu = engine_args(RolloutSection(cpu_compile=True, gpu={"sleep_level": 1}), on_gpu=True)
+    assert gpu["dtype"] == "bfloat16" and not gpu["enforce_eager"] and gpu["enable_sleep_mode"]
+    assert engine_args(RolloutSection(gpu={"enforce_eager": True}), on_gpu=True)["enforce_eager"]
