@@ -84,7 +84,7 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
     keys = (
         "step", "timing/total_s", "timing/policy_training_s", "timing/refit_s", "timing/generation_s",
         "timing/logprobs_s", "avg_generated_tokens", "mismatch/mult_prob_error", "refit/bytes", "refit/GBps",
-        "peak_mem_GiB",
+        "peak_mem_GiB", "rollout/peak_mem_GiB",
     )  # fmt: skip
     table = [{k: r.get(k) for k in keys} for r in rows]
     refits = {r["step"]: r for r in map(json.loads, (run_dir / "refits.jsonl").read_text().splitlines())}
@@ -113,6 +113,7 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
         "avg_generated_tokens": _mean([r["avg_generated_tokens"] for r in steady]),
         "mult_prob_error_max": max(r["mismatch/mult_prob_error"] for r in rows),
         "trainer_peak_mem_GiB": max(r.get("peak_mem_GiB", 0.0) for r in rows),
+        "rollout_peak_mem_GiB": max(r.get("rollout/peak_mem_GiB", 0.0) for r in rows),
         "gpu_peak_mem_GiB": {str(k): v / 1024 for k, v in sorted(peak_MiB.items())},
         "wall_s": wall_s,
     }
@@ -138,7 +139,11 @@ def result(variants: dict, args, copy_GBps: float) -> dict:
         "refit_bytes": v.get("refit_bytes"),
         "mult_prob_error": v.get("mult_prob_error_max"),
         "peak_mem_GiB": {
-            name: {"trainer": x["trainer_peak_mem_GiB"], "gpu_total": x["gpu_peak_mem_GiB"]}
+            name: {
+                "trainer": x["trainer_peak_mem_GiB"],
+                "rollout": x["rollout_peak_mem_GiB"],
+                "gpu_total": x["gpu_peak_mem_GiB"],
+            }
             for name, x in variants.items()
         },
         "hbm_copy_GBps": copy_GBps,

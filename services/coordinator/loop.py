@@ -248,6 +248,7 @@ class GrpoLoop:
                 "reward/mean": sum(t.reward for t in trajectories) / len(trajectories),
                 "refit/bytes": publish.payload_bytes,
                 "refit/GBps": publish.payload_bytes / refit_s / 1e9,
+                "rollout/peak_mem_GiB": max(g.peak_mem_GiB for g in groups),  # beside the trainer's peak_mem_GiB
                 **response_metrics(trajectories),
                 "data/cursor": self.feed.cursor,
                 "timing/total_s": time.perf_counter() - start,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import threading
 import time
 from dataclasses import dataclass
+
+import torch
 
 from protos.grpo.v1 import queue_pb2
 from services.common.queue import WorkQueue
@@ -72,6 +75,13 @@ def generate(state: EngineState, works: list[queue_pb2.PromptWork]) -> tuple[lis
         return out, version
 
 
+def peak_mem_GiB() -> float:
+    """This process's peak memory: torch's reserved memory on the GPU where there is one, else the max RSS."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_reserved() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
 def build_group(
     work: queue_pb2.PromptWork, samples: list[Sample], version: int, state: EngineState, vocab: Vocab, rewards
 ) -> queue_pb2.TrajectoryGroup:
@@ -94,6 +104,7 @@ def build_group(
         policy_version=version,
         worker_id=state.worker_id,
         eval=work.eval,
+        peak_mem_GiB=peak_mem_GiB(),
     )
     for i, (s, text, scored) in enumerate(zip(samples, texts, rewards.score(inputs))):
         group.trajectories.append(

@@ -71,6 +71,8 @@ def test_grpo_steps_through_all_services(tmp_path, tiny_model):
         # Trainer and rollout agree on the sampled tokens' logprobs (fp32).
         assert 1.0 <= m["mismatch/mult_prob_error"] <= 1.001
         assert m["refit/bytes"] > 0 and m["avg_generated_tokens"] == 8
+        # Each process kind's peak memory: a vLLM worker and a trainer rank each hold more than 100 MiB.
+        assert m["rollout/peak_mem_GiB"] > 0.1 and m["peak_mem_GiB"] > 0.1
 
     # After each refit the engine received exactly what the trainer sent, and what it holds
     # (where vLLM lets it be read) equals the trainer's tensors; the trainer checks both.

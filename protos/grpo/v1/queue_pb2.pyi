@@ -82,7 +82,7 @@ class Trajectory(_message.Message):
     def __init__(self, trajectory_id: _Optional[str] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
-    __slots__ = ("run_id", "step", "prompt_index", "prompt_ids", "policy_version", "trajectories", "worker_id", "generation_s", "error", "eval")
+    __slots__ = ("run_id", "step", "prompt_index", "prompt_ids", "policy_version", "trajectories", "worker_id", "generation_s", "error", "eval", "peak_mem_GiB")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PROMPT_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class TrajectoryGroup(_message.Message):
     GENERATION_S_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     EVAL_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEM_GIB_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     step: int
     prompt_index: int
@@ -103,4 +104,5 @@ class TrajectoryGroup(_message.Message):
     generation_s: float
     error: str
     eval: bool
-    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., policy_version: _Optional[int] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., worker_id: _Optional[str] = ..., generation_s: _Optional[float] = ..., error: _Optional[str] = ..., eval: _Optional[bool] = ...) -> None: ...
+    peak_mem_GiB: float
+    def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., policy_version: _Optional[int] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ..., worker_id: _Optional[str] = ..., generation_s: _Optional[float] = ..., error: _Optional[str] = ..., eval: _Optional[bool] = ..., peak_mem_GiB: _Optional[float] = ...) -> None: ...
