@@ -3,6 +3,7 @@ colocated on 1 GPU (the rollout worker on the trainer's GPU, CUDA IPC refit), wi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -17,13 +18,18 @@ def _gpus(n: int):
     return pytest.mark.skipif(torch.cuda.device_count() < n, reason=f"needs {n} GPUs")
 
 
+_MEGATRON = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed (the megatron extra)"
+)
+
+
 @pytest.mark.parametrize(
     "backend,transport",
     [
         pytest.param("fsdp2", "nccl", marks=_gpus(2)),
-        pytest.param("megatron", "nccl", marks=_gpus(2)),
+        pytest.param("megatron", "nccl", marks=[_gpus(2), _MEGATRON]),
         pytest.param("fsdp2", "cuda_ipc", marks=_gpus(1)),
-        pytest.param("megatron", "cuda_ipc", marks=_gpus(1)),
+        pytest.param("megatron", "cuda_ipc", marks=[_gpus(1), _MEGATRON]),
     ],
 )
 def test_grpo_steps_on_the_gpu(tmp_path, tiny_model, backend, transport):

@@ -4,6 +4,7 @@ the training state repeats the next step bit for bit."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -12,7 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        importlib.util.find_spec("megatron") is None, reason="megatron-core is not installed (the megatron extra)"
+    ),
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 
