@@ -81,10 +81,11 @@ class VllmEngine:
         check_vllm(*installed_vllm(), has_cuda=on_gpu)
         from vllm import LLM
 
-        self.dtype = torch.bfloat16 if on_gpu else torch.float32
+        args = engine_args(cfg, on_gpu)
+        self.dtype = getattr(torch, args["dtype"])
         self.sleep_level = cfg.gpu.sleep_level if on_gpu else 0
         self.asleep = False
-        self.llm = LLM(model=model_path, seed=seed, **engine_args(cfg, on_gpu))
+        self.llm = LLM(model=model_path, seed=seed, **args)
 
     def generate(self, requests: list[Request]) -> list[list[Sample]]:
         from vllm import SamplingParams
