@@ -70,38 +70,18 @@ def assemble_engine(
     # On one rank a shard is the whole parameter: resharding after forward would only cast and copy
     # every layer's weights again for backward, for no memory saved but the bf16 copy.
     keep_unsharded = mesh.size() == 1 and not cfg.fsdp2.cpu_offload
-    place(model, mesh, compute_dtype, cfg.fsdp2.cpu_offload, device, reshard_after_forward=not keep_unsharded)
+    shard(model, mesh, compute_dtype, cfg.fsdp2.cpu_offload, device, reshard_after_forward=not keep_unsharded)
     install_packed_logprobs(model)
     if ref_model is not None:
         ref_model.requires_grad_(False).eval()
         if cfg.fsdp2.compile_layers:
             compile_layers(ref_model)
-        place(ref_model, mesh, compute_dtype, cfg.fsdp2.ref_cpu_offload, device)
+        shard(ref_model, mesh, compute_dtype, cfg.fsdp2.ref_cpu_offload, device)
         install_packed_logprobs(ref_model)
     # Fused AdamW: one kernel per step on GPU, one vectorised pass per tensor on CPU (offloaded shards too) in
     # place of ~8 ops each; the same kernel everywhere, so offloading changes no bit of the step.
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     return Engine(model, ref_model, optimizer, cfg, model_dir, device)
-
-
-def place(
-    model: nn.Module,
-    mesh: DeviceMesh,
-    compute_dtype: torch.dtype,
-    offload: bool,
-    device: torch.device,
-    reshard_after_forward: bool = True,
-) -> None:
-    """FSDP2 where it does something: several ranks, offloading, or a compute dtype below the fp32 masters.
-
-    On one rank in fp32 without offload every FSDP2 unit would hold its whole layer and only add DTensor
-    bookkeeping to each forward, backward and optimizer step (a sixth of a 135M step on 2 CPU cores:
-    bench/README.md); the plain module on the device is the same arithmetic, bit for bit.
-    """
-    if mesh.size() == 1 and not offload and compute_dtype == torch.float32:
-        model.to(device)
-        return
-    shard(model, mesh, compute_dtype, offload, device, reshard_after_forward)
 
 
 def shard(
@@ -113,7 +93,15 @@ def shard(
     reshard_after_forward: bool = True,
 ) -> None:
     """One FSDP unit per decoder layer, so only one layer's full weights exist at a time (between forward
-    and backward too, unless reshard_after_forward is False)."""
+    and backward too, unless reshard_after_forward is False).
+
+    Except on one rank in fp32 without offload: there every unit would hold its whole layer and FSDP2 would only
+    add DTensor bookkeeping to each forward, backward and optimizer step (a sixth of a 135M step on 2 CPU
+    cores: bench/README.md), so the model stays a plain module on the device, the same arithmetic bit for bit.
+    """
+    if mesh.size() == 1 and not offload and compute_dtype == torch.float32:
+        model.to(device)
+        return
     # Parameters stay in their loaded dtype (fp32 master weights); forward/backward run in compute_dtype
     # and gradients are reduced in fp32, so bf16 rounding never accumulates across ranks.
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
