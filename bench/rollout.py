@@ -136,6 +136,7 @@ def main() -> int:
     parser.add_argument("--model-dir", default="", help="an HF folder to generate with, on the built-in prompts")
     parser.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="rollout.gpu.*; 0 = the default")
+    parser.add_argument("--args", nargs="*", default=[], help="config overrides, e.g. rollout.cpu_compile=true")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     # Before torch is first imported (by the prompt renderer): the raw engine runs with the worker's threads.
@@ -156,6 +157,7 @@ def main() -> int:
         f"rollout.num_threads={args.threads}",
         "rollout.max_model_len=512",
         f'run.output_dir="{tmp}"',
+        *args.args,
     ]
     if args.model_dir:
         overrides += [f'model.path="{args.model_dir}"', "task.chat_template=false"]

@@ -180,8 +180,9 @@ class RolloutSection(_Section):
     """vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)."""
     cpu_compile: bool = False
     """vLLM's CPU build with torch.compile (inductor) instead of eager: SmolLM2-135M at 8 sequences x 32 tokens on
-    2 cores generated in 1.13-1.22 s against 1.69-1.97 eager, but the engine starts in ~100 s against ~26 (the
-    compile). Off by default so tests and short runs start fast; ignored on a GPU (rollout.gpu.enforce_eager)."""
+    2 cores generated in 1.34 s against 1.80 eager (raw engine; 1.35 against 1.88 through the service), but each
+    engine start takes ~55 s longer (bench/results/rollout_cpu_compile.json). Off by default so tests and short
+    runs start fast; ignored on a GPU (rollout.gpu.enforce_eager)."""
     gpu: RolloutGpuSection = RolloutGpuSection()
     """CUDA vLLM's own options (rollout.gpu.gpu_memory_utilization, .enforce_eager, .sleep_level)."""
 
