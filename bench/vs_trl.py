@@ -33,7 +33,9 @@ from services.common.config import RunConfig, dump_toml, load_config  # noqa: E4
 TRL_VERSION = "1.16.0"
 CONFIGS = REPO / "deploy" / "configs"
 MAIN_TASK = "arithmetic"  # the issue's task; others go under "tasks" in the same result file
-TARGET = 0.5
+TARGETS = {"arithmetic": 0.5, "chain_sum": 0.25}
+"""Held-out accuracy whose time is compared: the issue's 0.50 on its task; chain_sum starts at 0.12 (the base
+model, greedy), so there the target is about the 10 points the issue asks TRL to gain."""
 
 
 def install_trl() -> Path:
@@ -124,14 +126,14 @@ def step_breakdown(rows: list[dict]) -> dict[str, float]:
     return {k: sorted(r[k] for r in steps)[len(steps) // 2] for k in keys}
 
 
-def compare(cfg: RunConfig, trl: list[dict], ours: list[dict], run_dir: Path) -> dict:
+def compare(cfg: RunConfig, trl: list[dict], ours: list[dict], run_dir: Path, target: float) -> dict:
     tc, oc = trl_curve(trl), ours_curve(ours)
-    trl_t, ours_t = seconds_to(tc, TARGET), seconds_to(oc, TARGET)
+    trl_t, ours_t = seconds_to(tc, target), seconds_to(oc, target)
     trl_steps = [r for r in trl if r["kind"] == "step"]
     return {
         "task": f"reasoning_gym/{cfg.task.generator}" if cfg.task.name == "reasoning_gym" else cfg.task.name,
         "task_config": cfg.task.generator_config,
-        "target_accuracy": TARGET,
+        "target_accuracy": target,
         "trl_seconds_to_target": trl_t,
         "ours_seconds_to_target": ours_t,
         "time_ratio": ours_t / trl_t if trl_t and ours_t else None,
@@ -226,7 +228,7 @@ def main() -> int:
     print(f"our side done in {time.monotonic() - started:.0f} s", flush=True)
 
     result = {
-        **compare(ours_cfg, trl, ours, run_dir),
+        **compare(ours_cfg, trl, ours, run_dir, TARGETS.get(args.task, 0.5)),
         "trl_version": TRL_VERSION,
         "ours_overrides": args.ours_args,
         "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
