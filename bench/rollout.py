@@ -5,10 +5,12 @@ against the raw engine on the same prompts, in the same run.
     .venv/bin/python bench/rollout.py --smoke   # tiny random model, seconds; writes /tmp/rollout_smoke.json
 
 The service side: Redis, weightsync (the worker registers with it) and one rollout worker are started as processes,
-the worker is warmed up with one item, then every prompt is enqueued at once and timed until its last group is
-back. The raw side: the same engine class in this process, after the worker has stopped (so the two never share
-the cores), one generate call of the same requests. Every sample runs to max_tokens (ignore_eos), so both sides
-generate exactly the same number of tokens.
+the worker is warmed up with the whole workload once (so kernels compiled for its shapes, on GPU the sampler's
+Triton ones, are not timed), then every prompt is enqueued at once and timed until its last group is back,
+--repeats times. The raw side: the same engine class in this process, after the worker has stopped (so the two
+never share the cores), warmed up the same way, then one generate call of the same requests per repeat. Each
+side's median pass is reported. Every sample runs to max_tokens (ignore_eos), so both sides generate exactly the
+same number of tokens.
 """
 
 from __future__ import annotations
@@ -54,7 +56,24 @@ def _requests(cfg: RunConfig, num_prompts: int, num_samples: int, max_tokens: in
     ]
 
 
-def _service_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path) -> tuple[float, float]:
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+def _pass(work: list[queue_pb2.PromptWork], n: int) -> list[queue_pb2.PromptWork]:
+    """The workload under pass number n (its own step, so no pass's groups are taken for another's)."""
+    out = []
+    for w in work:
+        item = queue_pb2.PromptWork()
+        item.CopyFrom(w)
+        item.step = n
+        out.append(item)
+    return out
+
+
+def _service_tokps(
+    cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path, repeats: int
+) -> tuple[float, float]:
     from deploy.placement.ports import fill_blanks
     from deploy.procs import check_alive, spawn, stop_all
     from services.common.grpcio import wait_healthy
@@ -73,14 +92,15 @@ def _service_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path) 
         services.append(spawn("rollout-0", args, tmp / "logs", env))
         queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
         queue.ensure_group()
-        warm = queue_pb2.PromptWork()
-        warm.CopyFrom(work[0])
-        warm.step = 0
-        _run(queue, [warm], lambda: check_alive(services), timeout_s=600)  # engine start-up and first call
-        start = time.perf_counter()
-        groups = _run(queue, work, lambda: check_alive(services), timeout_s=1800)
-        seconds = time.perf_counter() - start
-        tokens = sum(len(t.response_ids) for g in groups for t in g.trajectories)
+        _run(queue, _pass(work, 0), lambda: check_alive(services), timeout_s=1800)  # start-up, compiles
+        passes = []
+        for n in range(1, repeats + 1):
+            start = time.perf_counter()
+            groups = _run(queue, _pass(work, n), lambda: check_alive(services), timeout_s=1800)
+            seconds = time.perf_counter() - start
+            passes.append(seconds)
+            tokens = sum(len(t.response_ids) for g in groups for t in g.trajectories)
+        seconds = _median(passes)
         return tokens / seconds, seconds
     finally:
         stop_all(services)
@@ -106,16 +126,19 @@ def _run(queue, work: list[queue_pb2.PromptWork], check_alive, timeout_s: float)
     return list(got.values())
 
 
-def _raw_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork]) -> tuple[float, float]:
+def _raw_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], repeats: int) -> tuple[float, float]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_GiB))
     from services.rollout.engine import Request, make_engine
 
     engine = make_engine(cfg.rollout, cfg.model.path, seed=cfg.run.seed)
     requests = [Request(list(w.prompt_ids), w.num_samples, w.sampling) for w in work]
-    engine.generate(requests[:1])  # warm-up, as the service's
-    start = time.perf_counter()
-    samples = engine.generate(requests)
-    seconds = time.perf_counter() - start
+    engine.generate(requests)  # warm-up, as the service's
+    passes = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        samples = engine.generate(requests)
+        passes.append(time.perf_counter() - start)
+    seconds = _median(passes)
     return sum(len(s.token_ids) for group in samples for s in group) / seconds, seconds
 
 
@@ -137,6 +160,7 @@ def main() -> int:
     parser.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="rollout.gpu.*; 0 = the default")
     parser.add_argument("--args", nargs="*", default=[], help="config overrides, e.g. rollout.cpu_compile=true")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes a side after the warm-up; the median")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     # Before torch is first imported (by the prompt renderer): the raw engine runs with the worker's threads.
@@ -174,8 +198,8 @@ def main() -> int:
         overrides.append(f'model.path="{build_model("smollm2-135m-instruct", REPO / "runs" / "models")}"')
     cfg = load_config(None, overrides)
     work = _requests(cfg, args.prompts, args.samples, args.max_tokens)
-    service_tokps, service_s = _service_tokps(cfg, work, tmp)
-    raw_tokps, raw_s = _raw_tokps(cfg, work)
+    service_tokps, service_s = _service_tokps(cfg, work, tmp, args.repeats)
+    raw_tokps, raw_s = _raw_tokps(cfg, work, args.repeats)
     result = {
         "service_over_raw_tokps": service_tokps / raw_tokps,
         "raw_tokps": raw_tokps,
@@ -189,6 +213,7 @@ def main() -> int:
         "model": Path(cfg.model.path).name,
         "engine": cfg.rollout.engine,
         "threads": args.threads,
+        "repeats": args.repeats,
         "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         "machine": _machine(),
     }
