@@ -35,7 +35,7 @@ case "${1:-}" in
     ;&
   rollout)
     make_model
-    timeout 300 python3 bench/rollout.py --model-dir "$MODEL" --prompts 32 --samples 8 --max-tokens 256 \
+    timeout 400 python3 bench/rollout.py --model-dir "$MODEL" --prompts 32 --samples 8 --max-tokens 256 \
       --gpu-memory-utilization 0.35 --out "$OUT/rollout_gpu.json" > "$OUT/rollout_gpu.log" 2>&1
     tail -25 "$OUT/rollout_gpu.log"
     cp "$OUT/rollout_gpu.json" /tmp/rollout_gpu.json 2>/dev/null

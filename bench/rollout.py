@@ -7,10 +7,11 @@ against the raw engine on the same prompts, in the same run.
 The service side: Redis, weightsync (the worker registers with it) and one rollout worker are started as processes,
 the worker is warmed up with the whole workload once (so kernels compiled for its shapes, on GPU the sampler's
 Triton ones, are not timed), then every prompt is enqueued at once and timed until its last group is back,
---repeats times. The raw side: the same engine class in this process, after the worker has stopped (so the two
-never share the cores), warmed up the same way, then one generate call of the same requests per repeat. Each
-side's median pass is reported. Every sample runs to max_tokens (ignore_eos), so both sides generate exactly the
-same number of tokens.
+--repeats times (8: on the H200 single passes of the same batch moved between 2.5 and 3.6 s). The raw side: the
+same engine class in this process, after the worker has stopped (so the two never share the cores), warmed up the
+same way, then one generate call of the same requests per repeat. Each side's median pass is reported, and the
+worker's own log of each batch (generation, decoding and rewards, publishing). Every sample runs to max_tokens
+(ignore_eos), so both sides generate exactly the same number of tokens.
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ def _raw_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], repeats: int) -
         samples = engine.generate(requests)
         passes.append(time.perf_counter() - start)
     seconds = _median(passes)
-    return sum(len(s.token_ids) for group in samples for s in group) / seconds, seconds
+    tokens = sum(len(s.token_ids) for group in samples for s in group)
+    return tokens / seconds, seconds
 
 
 def _machine() -> str:
@@ -161,7 +163,7 @@ def main() -> int:
     parser.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.0, help="rollout.gpu.*; 0 = the default")
     parser.add_argument("--args", nargs="*", default=[], help="config overrides, e.g. rollout.cpu_compile=true")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes a side after the warm-up; the median")
+    parser.add_argument("--repeats", type=int, default=8, help="timed passes a side after the warm-up; the median")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     # Before torch is first imported (by the prompt renderer): the raw engine runs with the worker's threads.

@@ -6,6 +6,7 @@ import atexit
 import gc
 import signal
 import threading
+import time
 
 import grpc
 
@@ -30,6 +31,24 @@ def freeze_startup_heap() -> None:
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
+
+
+class GcClock:
+    """Seconds this process spent in the garbage collector, and its full collections, since it was made."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full_collections, self._started = 0.0, 0, 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.full_collections += info.get("generation") == 2
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._tick)
 
 
 def serve_until_signal(server: grpc.Server, grace_s: float = 2.0) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from protos.grpo.v1 import queue_pb2
+from services.common.lifecycle import GcClock
 from services.common.queue import WorkQueue
 from services.common.rewards import RewardInput, RewardRunner
 from services.common.tokenizer import Vocab
@@ -176,7 +177,7 @@ def run_worker(
     stop: threading.Event,
 ) -> None:
     queue.ensure_group()
-    last_beat, just_worked = 0.0, False
+    last_beat, just_worked, gc_clock = 0.0, False, GcClock()
     while not stop.is_set():
         if time.monotonic() - last_beat > 1.0:
             queue.heartbeat(state.worker_id, policy_version=state.policy_version, groups_done=state.num_groups_done)
@@ -195,7 +196,7 @@ def run_worker(
             with state.lock:
                 state.engine.sleep()
             continue
-        started = time.perf_counter()
+        started, gc_s, gc_full = time.perf_counter(), gc_clock.seconds, gc_clock.full_collections
         done = process(claimed, state, vocab, rewards, limits)
         processed = time.perf_counter()
         # Each group goes to Redis, then its prompt is acked: a crash before the ack re-leases the prompt.
@@ -204,7 +205,8 @@ def run_worker(
             state.num_groups_done += 1
         generation_s = max((g.generation_s for _, g in done), default=0.0)
         log.info(
-            "%d groups (%d sequences): generation %.3fs, decoding and rewards %.3fs, publishing %.3fs",
+            "%d groups (%d sequences): generation %.3fs, decoding and rewards %.3fs, publishing %.3fs; "
+            "garbage collector %.3fs of it (%d full collections)",
             len(done), sum(w.num_samples for _, w in claimed), generation_s, processed - started - generation_s,
-            time.perf_counter() - processed,
+            time.perf_counter() - processed, gc_clock.seconds - gc_s, gc_clock.full_collections - gc_full,
         )  # fmt: skip
