@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -57,10 +58,6 @@ def _requests(cfg: RunConfig, num_prompts: int, num_samples: int, max_tokens: in
     ]
 
 
-def _median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
-
-
 def _pass(work: list[queue_pb2.PromptWork], n: int) -> list[queue_pb2.PromptWork]:
     """The workload under pass number n (its own step, so no pass's groups are taken for another's)."""
     out = []
@@ -96,10 +93,9 @@ def _service_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path, 
         for n in range(1, repeats + 1):
             start = time.perf_counter()
             groups = _run(queue, _pass(work, n), lambda: check_alive(services), timeout_s=1800)
-            seconds = time.perf_counter() - start
-            passes.append(seconds)
-            tokens = sum(len(t.response_ids) for g in groups for t in g.trajectories)
-        seconds = _median(passes)
+            passes.append(time.perf_counter() - start)
+        tokens = sum(len(t.response_ids) for g in groups for t in g.trajectories)
+        seconds = statistics.median(passes)
         # The worker's own account of each engine batch: where the service's time went besides generation.
         log = (tmp / "logs" / "rollout-0.log").read_text(errors="replace").splitlines()
         print("\n".join(line for line in log if "sequences):" in line), flush=True)
@@ -140,7 +136,7 @@ def _raw_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], repeats: int) -
         start = time.perf_counter()
         samples = engine.generate(requests)
         passes.append(time.perf_counter() - start)
-    seconds = _median(passes)
+    seconds = statistics.median(passes)
     tokens = sum(len(s.token_ids) for group in samples for s in group)
     return tokens / seconds, seconds
 
