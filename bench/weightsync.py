@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from services.weightsync.kernels import checksum as cs  # noqa: E402
-from services.weightsync.transfer.arrival import receive_buckets  # noqa: E402
+from services.weightsync.transfer.arrival import receive_buckets, view_buckets  # noqa: E402
 from services.weightsync.transfer.pack import new_ring, pack_into, packed_buckets, slot_view, unpack  # noqa: E402
 from services.weightsync.transfer.plan import ReceiverLayout, make_plan  # noqa: E402
 from services.weightsync.transports import kind  # noqa: E402
@@ -190,16 +190,22 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
         transfer = t.at(tag)
         if peer.rank == 0:
             sums: list = []
-            buckets = packed_buckets(plan, lookup, ring, sums, t.transport.wait_free(transfer))
+            buckets = packed_buckets(plan, lookup, ring, sums)
             t.transport.send(transfer, buckets, plan.bucket_nbytes, (0,) * plan.num_buckets)
             peer.store.set(f"commit/{tag}", json.dumps(cs.digests(sums)))
+            t.transport.end(transfer, failed=False)  # in place: until the receiver released the ring
             return
-        buckets, sums = receive_buckets(t.transport, transfer, list(plan.bucket_nbytes), algo)
+        sizes = list(plan.bucket_nbytes)
+        if t.transport.in_place:  # verified where the bytes lie, then one copy into the engine
+            buckets, sums = view_buckets(t.transport, transfer, sizes)
+        else:
+            buckets, sums = receive_buckets(t.transport, transfer, sizes, algo)
         # Blocks until the sender committed; set on every repetition, so every one is verified.
         assert sums == json.loads(peer.store.get(f"commit/{tag}")), "received buckets differ from the sent ones"
         if apply:
-            for name, view in unpack(buckets, plan):
-                engine[name].copy_(view)
+            names, views = zip(*unpack(buckets, plan))
+            torch._foreach_copy_([engine[n] for n in names], list(views))
+        t.transport.release(transfer)
 
     seconds = best(peer, f"ours/{backend}/{shape}/{bucket_bytes}/{apply}", once, reps)
     if apply:
@@ -232,7 +238,7 @@ def ipc_unverified(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, 
     is in the engine before anyone could know the version arrived whole. The baseline for what our
     verification costs, not a path of ours."""
     plan, lookup, ring, t, engine = _refit_setup(peer, shape, bucket_bytes, num_buffers, "cuda_ipc")
-    ipc, buffers = t.transport, t.source.ipc_buffers
+    ipc = t.transport
 
     def once() -> None:
         peer.refits += 1
@@ -242,22 +248,18 @@ def ipc_unverified(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, 
 
             def packed():
                 for i in range(plan.num_buckets):
-                    if i >= len(ring):
-                        ipc.wait_free(transfer)(i - len(ring))
-                    buf = ring[i % len(ring)][: plan.bucket_nbytes[i]]
+                    buf = ring[i][: plan.bucket_nbytes[i]]
                     pack_into(buf, plan, i, lookup)
                     yield i, buf
 
             ipc.send(transfer, packed(), plan.bucket_nbytes, (0,) * plan.num_buckets)
+            ipc.end(transfer, failed=False)
             return
-        store = ipc.store(transfer.group)
         for i in range(plan.num_buckets):
-            ipc.wait(transfer, [f"{tag}/ready/{i}"], f"no bucket {i}")
-            src = ipc.opened(buffers[i % len(buffers)])
+            src = ipc.view(transfer, i, plan.bucket_nbytes[i])
             for s in plan.by_bucket[i]:
                 engine[s.name].copy_(slot_view(src, s))
-            torch.cuda.current_stream().synchronize()
-            store.set(f"{tag}/done/{i}/{transfer.group.rank}", b"1")
+        ipc.release(transfer)
 
     seconds = best(peer, f"unverified/{shape}/{bucket_bytes}", once, reps)
     _check_engine(engine, shape, t.device)
@@ -282,7 +284,8 @@ def _source(peer: Peer, backend: str, plan, num_buffers: int):
         from services.weightsync.transports.cuda_ipc import IpcBuffer
 
         if peer.rank == 0:
-            ring, offer = peer.transport_of(backend).offer(max(plan.bucket_nbytes), _ring_size(plan, num_buffers), "")
+            size = _ring_size(plan, num_buffers, backend)
+            ring, offer = peer.transport_of(backend).offer(max(plan.bucket_nbytes), size, "")
             peer.store.set(key, json.dumps([_b64(b) for b in offer.ipc_buffers]))
             return types.SimpleNamespace(ipc_buffers=offer.ipc_buffers), ring
         shared = [IpcBuffer(**_unb64(d)) for d in json.loads(peer.store.get(key))]
@@ -290,15 +293,16 @@ def _source(peer: Peer, backend: str, plan, num_buffers: int):
     if backend == "ucxx":
         if peer.rank == 0:
             _, offer = peer.transport_of(backend).offer(
-                max(plan.bucket_nbytes), _ring_size(plan, num_buffers), "127.0.0.1"
+                max(plan.bucket_nbytes), _ring_size(plan, num_buffers, backend), "127.0.0.1"
             )
             peer.store.set(key, offer.ucxx_address)
         return types.SimpleNamespace(ucxx_address=peer.store.get(key).decode()), None
     return None, None
 
 
-def _ring_size(plan, num_buffers: int) -> int:
-    return min(num_buffers, plan.num_buckets)
+def _ring_size(plan, num_buffers: int, backend: str) -> int:
+    """In place (cuda_ipc) the ring holds the whole version, as in the services."""
+    return plan.num_buckets if kind(backend).in_place else min(num_buffers, plan.num_buckets)
 
 
 def _b64(b) -> dict:

@@ -36,7 +36,8 @@ class Engine(Protocol):
         """The samples of each request, in order; temperature 0 is greedy."""
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        """Replace the weights in place (HF names); the engine keeps running."""
+        """Replace the weights in place (HF names); the engine keeps running. The tensors may be views of the
+        sender's memory (cuda_ipc), valid during the call only: copy them, keep no reference."""
 
     def read_weights(self) -> dict[str, torch.Tensor]:
         """The weights the engine holds (views, not copies), in HF names, where it lets them be read."""

@@ -53,14 +53,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         start = time.perf_counter()
         # Everything arrives and is verified against the sender's committed checksums before the
         # engine is touched: a failed transfer leaves the previous version fully in service.
-        named, received = self.receiver.receive(m, request.group, request.source, request.refit_id)
-        received_at = time.perf_counter()
-        with self.state.lock:
-            locked_at = time.perf_counter()  # generation holds the lock between groups
-            self.state.engine.load_weights(named)
-            loaded_at = time.perf_counter()
-            self.state.policy_version = m.policy_version
-            readback = read_back(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo)
+        with self.receiver.receive(m, request.group, request.source, request.refit_id) as (named, received):
+            received_at = time.perf_counter()
+            with self.state.lock:
+                locked_at = time.perf_counter()  # generation holds the lock between groups
+                self.state.engine.load_weights(named)
+                loaded_at = time.perf_counter()
+                self.state.policy_version = m.policy_version
+                readback = read_back(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo)
         end = time.perf_counter()
         log.info(
             "version %d applied in %.3fs: received and verified %.3fs, waited for the engine %.3fs, "

@@ -1,5 +1,6 @@
 """A version's buckets arriving over a transport: into fresh buffers, each checksummed while the next one
-arrives. Imports no protos, so the benchmark runs it on machines without our wire stack."""
+arrives, or (in-place transports) read where they lie in the sender's memory. Imports no protos, so the
+benchmark runs it on machines without our wire stack."""
 
 from __future__ import annotations
 
@@ -43,3 +44,12 @@ def receive_buckets(
             receive(i, buf)
             futures.append(pool.submit(cs.bucket_checksum, buf, algo))
         return out, [f.result() for f in futures]
+
+
+def view_buckets(transport: Transport, transfer: Transfer, sizes: list[int]) -> tuple[list[torch.Tensor], list[str]]:
+    """An in-place transport's buckets where they lie in the sender's memory, and their checksums (one
+    launch and one host sync for all of them). Nothing is copied: the caller verifies the views against the
+    sender's commit, copies them into its engine, then releases them (transport.release)."""
+    views = [transport.view(transfer, i, n) for i, n in enumerate(sizes)]
+    digests = cs.tensor_digests([(str(i), v) for i, v in enumerate(views)], "sum64")
+    return views, [digests[str(i)] for i in range(len(views))]

@@ -7,7 +7,7 @@ CPU a packing thread does the same (copies and CRC-32 release the GIL).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -108,7 +108,6 @@ def packed_buckets(
     lookup: dict[str, torch.Tensor],
     ring: list[torch.Tensor],
     sums: list,
-    wait_free: Callable[[int], None] | None = None,
     indices: list[int] | None = None,
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (index, buffer) in order for the buckets `indices` (default all, one sender's share
@@ -116,13 +115,12 @@ def packed_buckets(
 
     On GPU the buffer is ready on the current stream when yielded, and the consumer must have enqueued
     its use of it on the current stream before asking for the next. `sums` receives each bucket's
-    checksum (a str on CPU, an int64[3] device tensor on GPU; see checksum.py). `wait_free(j)` blocks
-    until readers in other processes are done with bucket j, before its buffer is packed again.
+    checksum (a str on CPU, an int64[3] device tensor on GPU; see checksum.py).
     """
     assert all(b.numel() >= max(plan.bucket_nbytes) for b in ring), "ring buffers smaller than a bucket"
     indices = list(range(plan.num_buckets)) if indices is None else indices
     if ring[0].device.type == "cuda":
-        yield from _device_ring(plan, lookup, ring, sums, wait_free, indices)
+        yield from _device_ring(plan, lookup, ring, sums, indices)
     else:
         yield from _host_ring(plan, lookup, ring, sums, indices)
 
@@ -145,7 +143,7 @@ def _host_ring(plan, lookup, ring, sums, indices: list[int]) -> Iterator[tuple[i
                 ahead[k + len(ring)] = pool.submit(pack, k + len(ring))
 
 
-def _device_ring(plan, lookup, ring, sums, wait_free, indices: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+def _device_ring(plan, lookup, ring, sums, indices: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream(device=main.device)
     side.wait_stream(main)  # the source tensors were produced on the main stream
@@ -155,8 +153,6 @@ def _device_ring(plan, lookup, ring, sums, wait_free, indices: list[int]) -> Ite
 
     def enqueue(k: int) -> None:
         slot = k % len(ring)
-        if wait_free is not None and k >= len(ring):
-            wait_free(indices[k - len(ring)])
         with torch.cuda.stream(side):
             if freed[slot] is not None:
                 side.wait_event(freed[slot])
@@ -166,17 +162,11 @@ def _device_ring(plan, lookup, ring, sums, wait_free, indices: list[int]) -> Ite
     for k in range(min(len(ring) - 1, n)):
         enqueue(k)
     for k in range(n):
-        ahead = k + len(ring) - 1 if k + len(ring) - 1 < n else None
-        # Packing runs len(ring) - 1 buckets ahead, into buffers whose sends are already enqueued, so
-        # it overlaps the send of bucket k even when the transport blocks the host. With readers in
-        # other processes (wait_free) bucket k is handed out first, so they copy it while we pack;
-        # unless the ring has one buffer, where bucket k itself is the one to pack.
-        early = ahead is not None and (wait_free is None or ahead == k)
-        if early:
-            enqueue(ahead)
+        # Packing runs len(ring) - 1 buckets ahead, into buffers whose sends are already enqueued, so it
+        # overlaps the send of bucket k even when the transport blocks the host.
+        if k + len(ring) - 1 < n:
+            enqueue(k + len(ring) - 1)
         main.wait_event(ready.pop(k))
         yield indices[k], ring[k % len(ring)][: plan.bucket_nbytes[indices[k]]]
         freed[k % len(ring)] = main.record_event()
-        if ahead is not None and not early:
-            enqueue(ahead)
     main.wait_stream(side)  # nothing allocated on the side stream may be freed before main caught up

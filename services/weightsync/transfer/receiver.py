@@ -3,6 +3,9 @@ same data plane, every bucket verified against it, and only then tensors out."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 from protos.grpo.v1 import weights_pb2
@@ -10,7 +13,7 @@ from protos.grpo.v1 import weights_pb2
 from ..kernels import checksum as cs
 from ..transports import Transports
 from ..transports.base import Transfer, first_line
-from .arrival import receive_buckets
+from .arrival import receive_buckets, view_buckets
 from .commit import Commit
 from .manifest import plan_of
 from .pack import unpack
@@ -26,25 +29,48 @@ class Receiver:
     def __init__(self) -> None:
         self._transports = Transports()
 
+    @contextmanager
     def receive(
         self, m: weights_pb2.WeightManifest, group, source, refit_id: str
-    ) -> tuple[list[tuple[str, torch.Tensor]], str]:
-        """Receive every bucket and the commit, verify each bucket against it; return tensors and checksum."""
+    ) -> Iterator[tuple[list[tuple[str, torch.Tensor]], str]]:
+        """Receive every bucket and the commit, verify each bucket against it; yield tensors and checksum.
+
+        Over an in-place transport (cuda_ipc) the tensors are views of the sender's memory: they are valid
+        inside the block only, and leaving it (or a failure before) releases them to the sender."""
         plan, sender = plan_of(m), source.sender_id or "the sender"
         transport, transfer = self._transports.get(group.backend), Transfer(group, source, refit_id)
         failed = True
         try:
-            senders = [b.sender for b in m.buckets]
-            buckets, sums = receive_buckets(transport, transfer, list(plan.bucket_nbytes), m.checksum_algo, senders)
+            sizes = list(plan.bucket_nbytes)
+            if transport.in_place:
+                buckets, sums = view_buckets(transport, transfer, sizes)
+            else:
+                buckets, sums = receive_buckets(
+                    transport, transfer, sizes, m.checksum_algo, [b.sender for b in m.buckets]
+                )
             commit = Commit.decode(transport.receive_commit(transfer))
             failed = False
         except Exception as e:
+            _release_quietly(transport, transfer)
             raise PeerError(f"transfer of version {m.policy_version} from {sender} failed: {first_line(e)}") from e
         finally:
             transport.end(transfer, failed)
-        if commit.error:
-            raise PeerError(f"{sender} aborted version {m.policy_version}: {commit.error}")
-        bad = [i for i, (got, want) in enumerate(zip(sums, commit.bucket_checksums)) if got != want]
-        if bad or len(sums) != len(commit.bucket_checksums):
-            raise ValueError(f"version {m.policy_version}: buckets {bad[:5]} arrived different from what {sender} sent")
-        return unpack(buckets, plan), cs.combine(sums)
+        try:
+            if commit.error:
+                raise PeerError(f"{sender} aborted version {m.policy_version}: {commit.error}")
+            bad = [i for i, (got, want) in enumerate(zip(sums, commit.bucket_checksums)) if got != want]
+            if bad or len(sums) != len(commit.bucket_checksums):
+                raise ValueError(
+                    f"version {m.policy_version}: buckets {bad[:5]} arrived different from what {sender} sent"
+                )
+            yield unpack(buckets, plan), cs.combine(sums)
+        finally:
+            _release_quietly(transport, transfer)
+
+
+def _release_quietly(transport, transfer: Transfer) -> None:
+    """Release an in-place transport's views; where the sender is gone there is nobody to tell."""
+    try:
+        transport.release(transfer)
+    except Exception:  # the refit's own error (or success) is what the caller needs to hear
+        pass

@@ -25,7 +25,7 @@ from ..transports.base import Offer, Transfer, Transport, first_line
 from . import manifest as mf
 from .commit import Commit
 from .outcome import RefitError, RefitResult, verify
-from .pack import packed_buckets
+from .pack import packed_buckets, unpack
 from .plan import ReceiverLayout, SenderLayout, TransferPlan, bucket_senders, layout_of, make_plan
 from .ranks import Failed, Ranks
 
@@ -107,7 +107,8 @@ class Sender:
         returns the result or raises; the others return None."""
         start, lookup = time.perf_counter(), dict(named)
         transport = self._transports.get(plan.transport)
-        num_buffers = min(plan.num_buffers, plan.plan.num_buckets)
+        # An in-place ring holds the whole version: receivers read it where it lies until they release it.
+        num_buffers = plan.plan.num_buckets if transport.in_place else min(plan.num_buffers, plan.plan.num_buckets)
         ring, offer = transport.offer(max(plan.plan.bucket_nbytes), num_buffers, plan.ucxx_host)
         source = _source(self.sender_id, offer)
         algo = cs.algo_for(transport.device())
@@ -125,7 +126,8 @@ class Sender:
         if isinstance(done, Failed):
             return None
         done = weightsync_pb2.AwaitReply.FromString(done)
-        return self._outcome(done, policy_version, commit, plan, lookup, algo, time.perf_counter() - start)
+        sent = dict(unpack(ring, plan.plan)) if transport.in_place else None  # untouched until our next refit
+        return self._outcome(done, policy_version, commit, plan, lookup, algo, time.perf_counter() - start, sent)
 
     def _announce(self, stub, plan: RefitPlan, version: int, algo: str, source, timeout_s: float) -> bytes:
         manifest = mf.to_manifest(plan.plan, version, algo, plan.senders)
@@ -142,7 +144,7 @@ class Sender:
         transfer = Transfer(group, source, reply.refit_id)
         own, sums, error = [i for i, r in enumerate(plan.senders) if r == rank], [], ""
         try:
-            buckets = packed_buckets(plan.plan, lookup, ring, sums, transport.wait_free(transfer), own)
+            buckets = packed_buckets(plan.plan, lookup, ring, sums, own)
             transport.send(transfer, buckets, plan.plan.bucket_nbytes, plan.senders)
             digests = cs.digests(sums)
         except Exception as e:  # the endpoints' side names the failed peer; the commit tells them to stop
@@ -168,7 +170,9 @@ class Sender:
             return Commit(error=f"commit: {first_line(e)}")
         return commit
 
-    def _outcome(self, done, version: int, commit: Commit, plan: RefitPlan, lookup, algo: str, publish_s: float):
+    def _outcome(
+        self, done, version: int, commit: Commit, plan: RefitPlan, lookup, algo: str, publish_s: float, sent=None
+    ):
         rank = self.ranks.rank
         failed = [f"{r.endpoint_id}: {r.error}" for r in done.results if not r.ok]
         if failed or commit.error:
@@ -176,7 +180,7 @@ class Sender:
                 return None  # rank 0 raises for the trainer
             raise RefitError(f"version {version} not applied: {'; '.join(failed + [commit.error])}")
         try:
-            checked = (verify(done.results, commit.checksum, plan.plan, lookup, algo), "")
+            checked = (verify(done.results, commit.checksum, plan.plan, lookup, algo, sent), "")
         except RefitError as e:
             checked = (0, f"rank {rank}: {e}" if self.ranks.world > 1 else str(e))
         counts = self.ranks.gather(checked)

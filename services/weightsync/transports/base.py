@@ -9,7 +9,7 @@ object with the same fields), so the benchmark runs transports without gRPC.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -47,6 +47,9 @@ class Transport(ABC):
     """Sending ranks one refit may have (each broadcasting its own buckets: collectives only)."""
     joinable: ClassVar[bool] = False
     """Receivers fetch by themselves: one that registers mid-run pulls the current version alone."""
+    in_place: ClassVar[bool] = False
+    """The sender's ring holds the whole version and receivers read it where it lies (`view`): they verify it
+    there and copy it straight into their engine, then `release` it; the sender's `end` waits for that."""
 
     def device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if self.device_type == "cuda" else torch.device("cpu")
@@ -56,11 +59,6 @@ class Transport(ABC):
         besides the group. `host` is where a listener binds and is reached."""
         return [torch.empty(bucket_bytes, dtype=torch.uint8, device=self.device()) for _ in range(num_buffers)], Offer()
 
-    def wait_free(self, transfer: Transfer) -> Callable[[int], None] | None:
-        """For pack.packed_buckets: blocks until readers in other processes are done with bucket j's buffer;
-        None where nobody reads the sender's buffers in place."""
-        return None
-
     @abstractmethod
     def send(self, transfer: Transfer, buckets: Buckets, sizes: Sequence[int], senders: Sequence[int]) -> None:
         """Send our buckets in order. `senders[i]` is the group rank that sends bucket i (of `sizes[i]`
@@ -69,6 +67,13 @@ class Transport(ABC):
     @abstractmethod
     def receive(self, transfer: Transfer, index: int, out: torch.Tensor, root: int = 0) -> torch.Tensor | None:
         """Fill `out` with bucket `index`, sent by group rank `root`; return its sum64 if the copy computed it."""
+
+    def view(self, transfer: Transfer, index: int, nbytes: int) -> torch.Tensor:
+        """Receiver of an in_place transport: the sender's buffer of bucket `index`, readable until `release`."""
+        raise NotImplementedError(f"{self.name} copies buckets out; it has no in-place view")
+
+    def release(self, transfer: Transfer) -> None:  # noqa: B027 - a no-op unless in_place
+        """Receiver, once it no longer reads the sender's buffers (in_place transports); a no-op elsewhere."""
 
     @abstractmethod
     def send_commit(self, transfer: Transfer, data: bytes) -> None:

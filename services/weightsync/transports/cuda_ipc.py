@@ -1,15 +1,18 @@
 """CUDA IPC transport (sender and receivers on one GPU): receivers copy buckets out of the sender's ring.
 
-The ring's handles are created once per process and travel in the DataSource proto, field by field.
-Per bucket, "ready" and "done" keys in the group's store order the sender's reuse of a buffer after
-every receiver copied it; each wait carries the group's timeout, so a dead peer fails the refit.
+The sender's ring holds one buffer per bucket, so a whole version sits in it at once: receivers verify it
+where it lies and copy it straight into their engine, one HBM copy per byte. Its handles are created once
+per ring and travel in the DataSource proto, field by field. Keys in the group's store order the rest: the
+sender's one "ready" after every byte, the commit behind it, and each receiver's "released" once it read
+all it needed, which the sender waits for before the next refit may write the ring again; each wait
+carries the group's timeout, so a dead peer fails the refit.
 """
 
 from __future__ import annotations
 
 import datetime
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,23 +64,25 @@ def open_buffer(b) -> torch.Tensor:
 
 
 class CudaIpcTransport(Transport):
-    name, device_type = "cuda_ipc", "cuda"
+    name, device_type, in_place = "cuda_ipc", "cuda", True
 
     def __init__(self) -> None:
-        self._rings: dict[tuple, tuple[list[torch.Tensor], tuple[IpcBuffer, ...]]] = {}
+        self._rings: dict[int, tuple[tuple[int, int], list[torch.Tensor], tuple[IpcBuffer, ...]]] = {}
+        """By device: the sender's current ring, its (bucket bytes, buffers) and exported handles."""
         self._opened: dict[tuple[bytes, int], torch.Tensor] = {}
         """By (handle, offset): buffers under 1 MiB share one allocator segment, hence one handle."""
         self._stores: dict[tuple, dist.Store] = {}
         self._lock = threading.Lock()
 
     def offer(self, bucket_bytes: int, num_buffers: int, host: str) -> tuple[list[torch.Tensor], Offer]:
-        """The sender's ring, allocated and exported once per (device, size, count): handles stay valid
-        across refits, so receivers open each once."""
-        key = (torch.cuda.current_device(), bucket_bytes, num_buffers)
-        if key not in self._rings:
+        """The sender's ring (one buffer per bucket of the version), allocated and exported once per size:
+        handles stay valid across refits, so receivers open each once."""
+        device = torch.cuda.current_device()
+        if self._rings.get(device, ((),))[0] != (bucket_bytes, num_buffers):
+            self._rings.pop(device, None)  # receivers still holding it keep it alive until they close it
             ring = [torch.empty(bucket_bytes, dtype=torch.uint8, device=self.device()) for _ in range(num_buffers)]
-            self._rings[key] = ring, tuple(export_buffer(b) for b in ring)
-        ring, exported = self._rings[key]
+            self._rings[device] = (bucket_bytes, num_buffers), ring, tuple(export_buffer(b) for b in ring)
+        _, ring, exported = self._rings[device]
         return ring, Offer(ipc_buffers=exported)
 
     def opened(self, b) -> torch.Tensor:
@@ -100,37 +105,43 @@ class CudaIpcTransport(Transport):
         except Exception as e:  # the store's own message names no peer
             raise TimeoutError(f"{what} within {timeout.total_seconds():.0f}s ({type(e).__name__})") from e
 
-    def wait_free(self, transfer: Transfer) -> Callable[[int], None]:
-        def wait(j: int) -> None:
-            receivers = range(1, transfer.group.world_size)
-            self.wait(
-                transfer, [f"{transfer.tag}/done/{j}/{r}" for r in receivers], f"receivers did not copy bucket {j}"
-            )
-
-        return wait
-
     def send(self, transfer: Transfer, buckets: Buckets, sizes: Sequence[int], senders: Sequence[int]) -> None:
+        """Pack the whole version into the ring (one buffer per bucket: nothing waits for a reader), then one
+        "ready" for all of it."""
         _one_sender(senders)
-        store, num_buffers, last = self.store(transfer.group), len(transfer.source.ipc_buffers), []
-        for i, _ in buckets:
-            torch.cuda.current_stream().synchronize()  # readers in other processes see only finished bytes
-            store.set(f"{transfer.tag}/ready/{i}", b"1")
-            last = [*last[-(num_buffers - 1) :], i] if num_buffers > 1 else [i]
-        for j in last:  # the next refit may overwrite any buffer
-            self.wait_free(transfer)(j)
+        if len(transfer.source.ipc_buffers) < len(sizes):
+            raise ValueError(f"cuda_ipc ring of {len(transfer.source.ipc_buffers)} buffers for {len(sizes)} buckets")
+        for _ in buckets:
+            pass
+        torch.cuda.current_stream().synchronize()  # readers in other processes see only finished bytes
+        self.store(transfer.group).set(f"{transfer.tag}/ready", b"1")
+
+    def view(self, transfer: Transfer, index: int, nbytes: int) -> torch.Tensor:
+        buffers = transfer.source.ipc_buffers
+        if not buffers:
+            raise ValueError("cuda_ipc transfer without shared buffers in its source")
+        if index == 0:
+            self.wait(transfer, [f"{transfer.tag}/ready"], "no version from the sender")
+            current = {(b.handle, b.storage_offset_bytes) for b in buffers}
+            for key in [k for k in self._opened if k not in current]:  # a ring the sender replaced
+                del self._opened[key]
+        return self.opened(buffers[index])[:nbytes]
 
     def receive(self, transfer: Transfer, index: int, out: torch.Tensor, root: int = 0) -> torch.Tensor:
         """Copy bucket `index` out of the sender's ring, with its sum64 computed by the copy itself."""
         _one_sender([root])
-        buffers = transfer.source.ipc_buffers
-        if not buffers:
-            raise ValueError("cuda_ipc transfer without shared buffers in its source")
-        self.wait(transfer, [f"{transfer.tag}/ready/{index}"], f"no bucket {index} from the sender")
-        src = self.opened(buffers[index % len(buffers)])
-        summed = cs.copy_sum64(src[: out.numel()], out)
-        torch.cuda.current_stream().synchronize()
-        self.store(transfer.group).set(f"{transfer.tag}/done/{index}/{transfer.group.rank}", b"1")
+        summed = cs.copy_sum64(self.view(transfer, index, out.numel()), out)
+        if index == len(transfer.source.ipc_buffers) - 1:
+            torch.cuda.current_stream().synchronize()
         return summed
+
+    def release(self, transfer: Transfer) -> None:
+        """Tell the sender over the store this refit already reached; none reached, nothing read, no wait."""
+        torch.cuda.current_stream().synchronize()  # every read of the ring has finished
+        with self._lock:
+            store = self._stores.get(group_key(transfer.group))
+        if store is not None:
+            store.set(f"{transfer.tag}/released/{transfer.group.rank}", b"1")
 
     def send_commit(self, transfer: Transfer, data: bytes) -> None:
         self.store(transfer.group).set(f"{transfer.tag}/commit", data)
@@ -140,9 +151,19 @@ class CudaIpcTransport(Transport):
         return self.store(transfer.group).get(f"{transfer.tag}/commit")
 
     def end(self, transfer: Transfer, failed: bool) -> None:
+        """The sender waits until every receiver released the ring: the next refit writes it again. Where one
+        did not in time, the ring is dropped (the next refit exports a fresh one) and the group forgotten."""
+        group = transfer.group
+        if group.rank == 0 and not failed:
+            released = [f"{transfer.tag}/released/{r}" for r in range(1, group.world_size)]
+            try:
+                self.wait(transfer, released, "receivers did not release the version")
+            except TimeoutError:
+                self._rings.pop(torch.cuda.current_device(), None)
+                failed = True
         if failed:
             with self._lock:
-                self._stores.pop(group_key(transfer.group), None)
+                self._stores.pop(group_key(group), None)
 
 
 def _timeout(group) -> datetime.timedelta:
