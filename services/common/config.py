@@ -390,7 +390,8 @@ class WeightsyncSection(_Section):
     """Data plane of a refit: auto = nccl with a GPU, gloo without; cuda_ipc when trainer and rollout share
     one GPU; ucxx when workers join mid-run (they pull the current version from the trainer by themselves)."""
     num_buffers: int = Field(default=2, ge=1, le=4)
-    """Bucket buffers in flight on the sender: packing bucket i+1 overlaps sending bucket i."""
+    """Bucket buffers in flight on the sender: packing bucket i+1 overlaps sending bucket i. cuda_ipc ignores it:
+    its ring holds the whole version (one buffer per bucket), which receivers read in place."""
     cast_dtype: Literal["", "bfloat16", "float16", "float32"] = ""
     """Dtype of floating tensors on the wire, cast on the sender (e.g. fp32 master -> bf16); "" = the dtype the
     rollout engines registered (bf16 on GPU, fp32 on CPU). Setting it also casts in the trainer's gather."""

@@ -3,6 +3,8 @@ same data plane, every bucket verified against it, and only then tensors out."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -17,6 +19,8 @@ from .arrival import receive_buckets, view_buckets
 from .commit import Commit
 from .manifest import plan_of
 from .pack import unpack
+
+log = logging.getLogger(__name__)
 
 
 class PeerError(RuntimeError):
@@ -39,7 +43,7 @@ class Receiver:
         inside the block only, and leaving it (or a failure before) releases them to the sender."""
         plan, sender = plan_of(m), source.sender_id or "the sender"
         transport, transfer = self._transports.get(group.backend), Transfer(group, source, refit_id)
-        failed = True
+        failed, start = True, time.perf_counter()
         try:
             sizes = list(plan.bucket_nbytes)
             if transport.in_place:
@@ -48,8 +52,14 @@ class Receiver:
                 buckets, sums = receive_buckets(
                     transport, transfer, sizes, m.checksum_algo, [b.sender for b in m.buckets]
                 )
+            arrived = time.perf_counter()
             commit = Commit.decode(transport.receive_commit(transfer))
             failed = False
+            log.info(
+                "version %d: %d buckets %s and summed in %.3fs, commit %.3fs later",
+                m.policy_version, len(sizes), "viewed" if transport.in_place else "received",
+                arrived - start, time.perf_counter() - arrived,
+            )  # fmt: skip
         except Exception as e:
             _release_quietly(transport, transfer)
             raise PeerError(f"transfer of version {m.policy_version} from {sender} failed: {first_line(e)}") from e

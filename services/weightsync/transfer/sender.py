@@ -9,6 +9,7 @@ checksums of all of them over the data plane, right behind the bytes, and waits 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import time
@@ -28,6 +29,8 @@ from .outcome import RefitError, RefitResult, verify
 from .pack import packed_buckets, unpack
 from .plan import ReceiverLayout, SenderLayout, TransferPlan, bucket_senders, layout_of, make_plan
 from .ranks import Failed, Ranks
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,16 +146,24 @@ class Sender:
         group.rank = rank
         transfer = Transfer(group, source, reply.refit_id)
         own, sums, error = [i for i, r in enumerate(plan.senders) if r == rank], [], ""
+        start = time.perf_counter()
         try:
             buckets = packed_buckets(plan.plan, lookup, ring, sums, own)
             transport.send(transfer, buckets, plan.plan.bucket_nbytes, plan.senders)
             digests = cs.digests(sums)
+            sent = time.perf_counter()
         except Exception as e:  # the endpoints' side names the failed peer; the commit tells them to stop
             who = "sender" if self.ranks.world == 1 else f"sender rank {rank}"
             digests, error = [], f"{who}: {first_line(e)}"
         commit = Commit.of_shares(self.ranks.gather((own, digests, error)), plan.plan.num_buckets)
         commit = self._commit(transport, transfer, commit)
+        committed = time.perf_counter()
         transport.end(transfer, failed=bool(commit.error))
+        if not commit.error:
+            log.info(
+                "refit %s: %d buckets packed and sent %.3fs, committed %.3fs later, ended %.3fs later",
+                transfer.tag, len(own), sent - start, committed - sent, time.perf_counter() - committed,
+            )  # fmt: skip
         return commit
 
     def _commit(self, transport: Transport, transfer: Transfer, commit: Commit) -> Commit:
