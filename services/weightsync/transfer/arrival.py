@@ -4,12 +4,16 @@ benchmark runs it on machines without our wire stack."""
 
 from __future__ import annotations
 
+import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from ..kernels import checksum as cs
 from ..transports.base import Transfer, Transport
+
+log = logging.getLogger(__name__)
 
 
 def receive_buckets(
@@ -50,6 +54,9 @@ def view_buckets(transport: Transport, transfer: Transfer, sizes: list[int]) -> 
     """An in-place transport's buckets where they lie in the sender's memory, and their checksums (one
     launch and one host sync for all of them). Nothing is copied: the caller verifies the views against the
     sender's commit, copies them into its engine, then releases them (transport.release)."""
-    views = [transport.view(transfer, i, n) for i, n in enumerate(sizes)]
+    start = time.perf_counter()
+    views = [transport.view(transfer, i, n) for i, n in enumerate(sizes)]  # the first waits for the sender
+    viewed = time.perf_counter()
     digests = cs.tensor_digests([(str(i), v) for i, v in enumerate(views)], "sum64")
+    log.info("waited %.3fs for the sender's bytes, summed them in %.3fs", viewed - start, time.perf_counter() - viewed)
     return views, [digests[str(i)] for i in range(len(views))]
