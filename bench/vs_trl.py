@@ -240,6 +240,8 @@ def main() -> int:
     else:
         saved = {"tasks": {}, **saved}
         saved["tasks"][args.task] = result
+        for key in ("command", "machine"):  # a file of extra tasks alone still says how and where it was made
+            saved.setdefault(key, result[key])
     out.write_text(json.dumps(saved, indent=2) + "\n")
     plot(saved, out.with_suffix(".png"))
     print(json.dumps({k: v for k, v in result.items() if not k.endswith(("curve", "raw"))}, indent=2))
