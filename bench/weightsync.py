@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from services.rollout.vllm_ext import copy_into  # noqa: E402
 from services.weightsync.kernels import checksum as cs  # noqa: E402
 from services.weightsync.transfer.arrival import receive_buckets, view_buckets  # noqa: E402
 from services.weightsync.transfer.pack import new_ring, pack_into, packed_buckets, slot_view, unpack  # noqa: E402
@@ -203,8 +204,7 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
         # Blocks until the sender committed; set on every repetition, so every one is verified.
         assert sums == json.loads(peer.store.get(f"commit/{tag}")), "received buckets differ from the sent ones"
         if apply:
-            names, views = zip(*unpack(buckets, plan))
-            torch._foreach_copy_([engine[n] for n in names], list(views))
+            copy_into(engine, unpack(buckets, plan))  # as the engines' load_weights does
         t.transport.release(transfer)
 
     seconds = best(peer, f"ours/{backend}/{shape}/{bucket_bytes}/{apply}", once, reps)
