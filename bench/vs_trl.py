@@ -5,6 +5,7 @@ first, then this system through every service (the path `make run` takes), each 
     .venv/bin/python bench/vs_trl.py --minutes 10 --ours-args trainer.lr=3e-5   # a tuning try on our side
     .venv/bin/python bench/vs_trl.py --task NAME                    # deploy/configs/vs_trl_NAME.toml, under "tasks"
     .venv/bin/python bench/vs_trl.py --smoke                        # tiny random model, a few steps (CI)
+    .venv/bin/python bench/vs_trl.py --seeds 0 1 2 --steps 30       # (a) over seeds: bench/results/vs_trl_seeds.json
 
 TRL (pinned below) is installed into its own folder (bench/.trl-<version>, ignored by git) and put on the TRL
 process's PYTHONPATH only, so the project's environment stays as it is. Both sides read the one resolved config
@@ -156,6 +157,40 @@ def compare(cfg: RunConfig, trl: list[dict], ours: list[dict], run_dir: Path, ta
     }
 
 
+def seeds_summary(per_seed: dict[int, dict[str, list[dict]]]) -> dict:
+    """Comparison (a) over seeds: each evaluated step's accuracy per seed on each side, the means, and whether the
+    two means agree within noise (their difference within twice its standard error, seed to seed)."""
+    import statistics
+
+    steps = sorted(
+        {p["step"] for curves in per_seed.values() for p in curves["trl"]}
+        & {p["step"] for curves in per_seed.values() for p in curves["ours"]}
+    )
+    rows = []
+    for step in steps:
+        acc = {
+            side: [p["accuracy"] for c in per_seed.values() for p in c[side] if p["step"] == step]
+            for side in ("trl", "ours")
+        }
+        mean = {side: statistics.fmean(v) for side, v in acc.items()}
+        var = {side: statistics.variance(v) / len(v) if len(v) > 1 else 0.0 for side, v in acc.items()}
+        stderr = (var["trl"] + var["ours"]) ** 0.5
+        diff = mean["ours"] - mean["trl"]
+        rows.append(
+            {
+                "step": step,
+                "trl": acc["trl"],
+                "ours": acc["ours"],
+                "trl_mean": round(mean["trl"], 4),
+                "ours_mean": round(mean["ours"], 4),
+                "ours_minus_trl": round(diff, 4),
+                "stderr_of_difference": round(stderr, 4),
+                "agree_within_noise": abs(diff) <= 2 * stderr,
+            }
+        )
+    return {"steps": rows, "agree_within_noise": all(r["agree_within_noise"] for r in rows[1:])}
+
+
 def plot(saved: dict, path: Path) -> None:
     """Held-out accuracy against training seconds, TRL and ours, one panel per task."""
     import matplotlib
@@ -192,8 +227,12 @@ def main() -> int:
         "--trl-no-gradient-checkpointing", action="store_true", help="TRL without it (the reference run had it on)"
     )
     parser.add_argument("--skip-trl", action="store_true", help="reuse the TRL results in --out (tuning ours)")
+    parser.add_argument("--seeds", nargs="*", type=int, default=[], help="comparison (a) over these run seeds")
+    parser.add_argument("--steps", type=int, default=30, help="steps of each side per seed (with --seeds)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    if args.seeds:
+        return compare_seeds(args)
     work = Path(tempfile.mkdtemp(prefix="vs-trl-"))
     config = CONFIGS / f"vs_trl_{args.task}.toml"
     overrides = [f"run.train_minutes={args.minutes}", *args.args]
@@ -245,6 +284,47 @@ def main() -> int:
     out.write_text(json.dumps(saved, indent=2) + "\n")
     plot(saved, out.with_suffix(".png"))
     print(json.dumps({k: v for k, v in result.items() if not k.endswith(("curve", "raw"))}, indent=2))
+    return 0
+
+
+def compare_seeds(args: argparse.Namespace) -> int:
+    """Both sides, --steps steps each, once per seed (the seed picks the prompts, the same on both sides, and the
+    sampling): the per-step held-out curves with their seed-to-seed spread, and each side's seconds per step."""
+    from services.common.models import build_model
+
+    config = CONFIGS / f"vs_trl_{args.task}.toml"
+    model = build_model("smollm2-135m-instruct", REPO / "runs" / "models")
+    trl_dir = install_trl()
+    per_seed: dict[int, dict[str, list[dict]]] = {}
+    seconds_per_step: dict[str, list[float]] = {"trl": [], "ours": []}
+    for seed in args.seeds:
+        work = Path(tempfile.mkdtemp(prefix=f"vs-trl-seed{seed}-"))
+        overrides = ["run.train_minutes=0", f"run.num_steps={args.steps}", f"run.seed={seed}", *args.args]
+        cfg = load_config(config, [*overrides, f'model.path="{model}"'])
+        cfg_path = work / "trl.toml"
+        cfg_path.write_text(dump_toml(cfg))
+        trl = run_trl(cfg_path, work, trl_dir, not args.trl_no_gradient_checkpointing)
+        ours, _ = run_ours(load_config(config, [*overrides, f'model.path="{model}"', *args.ours_args]), work)
+        per_seed[seed] = {"trl": trl_curve(trl), "ours": ours_curve(ours)}
+        trl_steps = [r for r in trl if r["kind"] == "step"]
+        seconds_per_step["trl"].append(trl_steps[-1]["train_s"] / trl_steps[-1]["step"])
+        seconds_per_step["ours"].append(per_seed[seed]["ours"][-1]["train_s"] / args.steps)
+        print(f"seed {seed}: " + json.dumps(per_seed[seed]), flush=True)
+    result = {
+        "task": f"reasoning_gym/{cfg.task.generator}" if cfg.task.name == "reasoning_gym" else cfg.task.name,
+        "seeds": args.seeds,
+        "steps_per_seed": args.steps,
+        **seeds_summary(per_seed),
+        "seconds_per_step": {side: [round(x, 2) for x in v] for side, v in seconds_per_step.items()},
+        "curves": {str(s): c for s, c in per_seed.items()},
+        "trl_version": TRL_VERSION,
+        "ours_overrides": args.ours_args,
+        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+    }
+    out = Path(args.out or REPO / "bench" / "results" / "vs_trl_seeds.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
     return 0
 
 
