@@ -183,6 +183,10 @@ class RolloutSection(_Section):
     2 cores generated in 1.34 s against 1.80 eager (raw engine; 1.35 against 1.88 through the service), but each
     engine start takes ~55 s longer (bench/results/rollout_cpu_compile.json). Off by default so tests and short
     runs start fast; ignored on a GPU (rollout.gpu.enforce_eager)."""
+    cpu_onednn: bool = True
+    """vLLM's CPU build packs each Linear weight into a oneDNN handle after loading; a refit then has to re-load and
+    re-pack every layer (vLLM's reload_weights). False keeps the weights as plain tensors behind torch's linear, so
+    a refit is one in-place copy into the live weights, as on a GPU, and the read-back sees every tensor."""
     gpu: RolloutGpuSection = RolloutGpuSection()
     """CUDA vLLM's own options (rollout.gpu.gpu_memory_utilization, .enforce_eager, .sleep_level)."""
 

@@ -81,6 +81,12 @@ class VllmEngine:
         check_vllm(*installed_vllm(), has_cuda=on_gpu)
         from vllm import LLM
 
+        if not on_gpu and not cfg.cpu_onednn:
+            # Read once per Linear when the weights are loaded: False sends them to torch's linear, unpacked.
+            import vllm._custom_ops as ops
+
+            ops._supports_onednn = False
+
         args = engine_args(cfg, on_gpu)
         self.dtype = getattr(torch, args["dtype"])
         self.sleep_level = cfg.gpu.sleep_level if on_gpu else 0

@@ -5,7 +5,8 @@ their rows of qkv_proj, gate/up into theirs of gate_up_proj (the model's own pac
 layer's output_partition_sizes say where), embeddings without vLLM's vocabulary padding. No load_weights, no
 intermediate tensor: one HBM read and write per byte, at the same addresses, so captured CUDA graphs stay valid.
 The same views are what read_named returns, so the read-back verification sees each HF tensor as the engine holds
-it. On CPU vLLM packs Linear weights into oneDNN handles after loading, so there only a layerwise reload works.
+it. On CPU the same copy works where the weights stay plain (rollout.cpu_onednn = false); with vLLM's default oneDNN
+packing only a layerwise reload does.
 """
 
 from __future__ import annotations
@@ -84,20 +85,26 @@ class WeightLoaderExtension:
             views = self._grpo_views = hf_views(self.model_runner.get_model(), get_tensor_model_parallel_world_size())
         return views
 
-    def _on_gpu(self) -> bool:
-        return next(self.model_runner.get_model().parameters()).device.type == "cuda"
+    def _in_place(self) -> bool:
+        """The live weights can take a copy: always on a GPU; on CPU unless oneDNN packed them (rollout.cpu_onednn),
+        which leaves each packed Linear's weight an empty tensor."""
+        plain = getattr(self, "_grpo_plain", None)
+        if plain is None:
+            plain = self._grpo_plain = all(p.numel() > 0 for p in self.model_runner.get_model().parameters())
+        return plain
 
     def load_named(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        if self._on_gpu():
+        if self._in_place():
             copy_into(self._hf_views(), named)
-            torch.cuda.current_stream().synchronize()  # applied before the read-back and the version bump
+            if torch.cuda.is_available():
+                torch.cuda.current_stream().synchronize()  # applied before the read-back and the version bump
             return
-        # reload_weights, not model.load_weights: on CPU vLLM packs Linear weights into oneDNN
-        # handles after loading, so only a layerwise reload (restore, load, re-pack) works.
+        # reload_weights, not model.load_weights: oneDNN-packed Linear weights are empty tensors, so only a
+        # layerwise reload (restore, load, re-pack) works.
         self.model_runner.reload_weights(weights_iterator=named, is_checkpoint_format=True)
 
     def read_named(self) -> dict[str, torch.Tensor]:
-        if self._on_gpu():
+        if self._in_place():
             return dict(self._hf_views())
         # Packed (oneDNN) weights show up as empty tensors; only the readable ones are returned.
         return {n: p.detach() for n, p in self.model_runner.model.named_parameters() if p.numel() > 0}

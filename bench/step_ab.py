@@ -1,0 +1,87 @@
+"""Two variants of one run config through every service (the path `make run` takes), one after the other on the same
+machine: the median of each step timing after the first step, per variant, and B over A.
+
+    .venv/bin/python bench/step_ab.py --config deploy/configs/vs_trl_arithmetic.toml --steps 10 \\
+        --a rollout.cpu_onednn=true --b rollout.cpu_onednn=false --out bench/results/cpu_refit_inplace.json
+
+Each variant runs --rounds times, alternating (A B A B ...), so a slow spell of the machine falls on both. The
+SmolLM2 configs need `make model NAME=smollm2-135m-instruct` first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from services.common.config import dump_toml, load_config  # noqa: E402
+
+KEYS = (
+    "timing/total_s",
+    "timing/generation_s",
+    "timing/policy_training_s",
+    "timing/refit_s",
+    "timing/logprobs_s",
+    "mismatch/mult_prob_error",
+)
+
+
+def run(config: Path, overrides: list[str], work: Path, name: str) -> list[dict]:
+    cfg = load_config(config, [*overrides, f'run.output_dir="{work}"', f'run.run_id="{name}"'])
+    path = work / f"{name}.toml"
+    path.write_text(dump_toml(cfg))
+    cmd = [sys.executable, "-m", "deploy.local", "--config", str(path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in rows if "timing/total_s" in r]
+
+
+def medians(steps: list[dict]) -> dict[str, float]:
+    later = [r for r in steps if int(r["step"]) > 1]  # step 1 holds one-off warm-ups
+    return {k: round(statistics.median(r[k] for r in later), 4) for k in KEYS if all(k in r for r in later)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--a", nargs="*", default=[], help="overrides of variant A")
+    parser.add_argument("--b", nargs="*", default=[], help="overrides of variant B")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    base = [f"run.num_steps={args.steps}", "run.train_minutes=0", "run.eval_every=0", "run.save_every=0"]
+    work = Path(tempfile.mkdtemp(prefix="step-ab-"))
+    steps: dict[str, list[dict]] = {"a": [], "b": []}
+    for i in range(args.rounds):
+        for side in ("a", "b"):
+            steps[side] += run(Path(args.config), [*base, *getattr(args, side)], work, f"{side}{i}")
+            print(side, i, medians(steps[side]), flush=True)
+    a, b = medians(steps["a"]), medians(steps["b"])
+    result = {
+        "config": args.config,
+        "a": {"overrides": args.a, "median": a},
+        "b": {"overrides": args.b, "median": b},
+        "b_over_a": {k: round(b[k] / a[k], 3) for k in a if k in b and a[k]},
+        "steps_per_variant": args.steps * args.rounds,
+        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
