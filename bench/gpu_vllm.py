@@ -42,6 +42,18 @@ APPLIED = re.compile(
     r"version (\d+) applied in ([\d.]+)s: received and verified ([\d.]+)s, waited for the engine ([\d.]+)s, "
     r"loaded ([\d.]+)s, read back (\d+) tensors ([\d.]+)s"
 )
+# One line per refit and side (services/weightsync/transfer/timing.py): the trainer's "refit <id>: ..." and the
+# worker's "version <n>: ...", each "what +<ms>ms, ... (from <wall clock start>)".
+MARKS = re.compile(r"(refit [0-9a-f]+|version \d+): ((?:[\w ]+ \+[\d.]+ms, )*[\w ]+ \+[\d.]+ms) \(from ([\d.]+)\)")
+
+
+def refit_marks(log: str) -> list[dict]:
+    """Each refit's moments on one side, in ms after its start, and the start's wall clock time."""
+    out = []
+    for who, steps, wall in MARKS.findall(log):
+        marks = {what: float(ms) for what, ms in re.findall(r"([\w ]+) \+([\d.]+)ms", steps)}
+        out.append({"refit": who, "from": float(wall), **{k.strip(): v for k, v in marks.items()}})
+    return out
 
 
 def run_variant(name: str, args, work: Path) -> Path:
@@ -92,6 +104,11 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
         r = refits.get(row["step"], {})
         row["refit_breakdown"] = {k: r.get(k) for k in ("gather_s", "publish_s", "apply_s", "num_readback_verified")}
     log = (run_dir / "logs" / "rollout-0.log").read_text()
+    trainer_log = run_dir / "logs" / "trainer.log"
+    marks = {
+        "trainer": refit_marks(trainer_log.read_text()) if trainer_log.exists() else [],
+        "rollout": refit_marks(log),
+    }
     applied = [
         dict(zip(("version", "apply_s", "receive_s", "wait_s", "load_s", "readback_n", "readback_s"), map(float, m)))
         for m in APPLIED.findall(log)
@@ -103,6 +120,7 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
     return {
         "steps": table,
         "engine_applied": applied,
+        "refit_marks": marks,
         "step_s": _mean([r["timing/total_s"] for r in steady]),
         "generation_s": _mean([r["timing/generation_s"] for r in steady]),
         "policy_training_s": _mean([r["timing/policy_training_s"] for r in steady]),
@@ -178,7 +196,8 @@ def main() -> None:
         except Exception as e:  # one variant's failure is recorded; the others still run
             variants[name] = {"error": f"{type(e).__name__}: {e}"}
         Path(args.out).write_text(json.dumps(result(variants, args, copy_GBps), indent=2) + "\n")
-        print(json.dumps({name: {k: v for k, v in variants[name].items() if k not in ("steps", "engine_applied")}}))
+        long = ("steps", "engine_applied", "refit_marks")
+        print(json.dumps({name: {k: v for k, v in variants[name].items() if k not in long}}))
     print(json.dumps({k: v for k, v in result(variants, args, copy_GBps).items() if k not in ("variants",)}, indent=2))
 
 

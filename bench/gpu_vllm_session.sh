@@ -5,6 +5,8 @@
 #   bash bench/gpu_vllm_session.sh tests     # unpack, the gpu-marked tests, bench/rollout.py on the 1.5B shape
 #   bash bench/gpu_vllm_session.sh rollout   # unpack, bench/rollout.py only
 #   bash bench/gpu_vllm_session.sh grpo      # bench/gpu_vllm.py: colocated GRPO, vLLM (keep / sleep) and hf
+#   bash bench/gpu_vllm_session.sh refit [--steps 6]  # bench/gpu_vllm.py --variants vllm: the refit, first with the
+#       tree in .old (an earlier commit: git archive REV | tar -x -C .old, carried) where there is one, then this one
 # Everything lands in $OUT (at most 8 files).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -47,5 +49,20 @@ case "${1:-}" in
       "${@:2}" 2>&1 | tee "$OUT/gpu_vllm.log" | grep -v "^\s*$" | tail -60
     tar czf "$OUT/logs.tgz" /tmp/gpu_vllm/*/logs /tmp/gpu_vllm/*/metrics.jsonl 2>/dev/null
     ;;
-  *) echo "usage: $0 tests|rollout|grpo"; exit 2 ;;
+  refit)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_checksum_kernels.py tests/unit/test_inplace_copy.py \
+      tests/integration/test_weightsync_gpu.py 2>&1 | tail -4
+    timeout 90 python3 bench/profile_refit.py --shapes qwen2-1.5b --bucket-bytes 268435456 --fp32 2>&1 | tee "$OUT/profile_refit.txt"
+    make_model
+    for tree in .old .; do
+      [ -d "$tree" ] || continue
+      name=$([ "$tree" = . ] && echo new || echo old)
+      mkdir -p /tmp/gpu_vllm_$name && ln -sfn $MODEL /tmp/gpu_vllm_$name/model
+      (cd $tree && PYTHONPATH=/root/vsite:/tmp/site:$PWD timeout 280 python3 bench/gpu_vllm.py --variants vllm \
+        --work /tmp/gpu_vllm_$name --out "$OUT/gpu_vllm_refit_$name.json" "${@:2}") 2>&1 \
+        | tee "$OUT/refit_$name.log" | grep -v "^\s*$" | tail -12
+      tar czf "$OUT/logs_$name.tgz" /tmp/gpu_vllm_$name/*/logs 2>/dev/null
+    done
+    ;;
+  *) echo "usage: $0 tests|rollout|grpo|refit"; exit 2 ;;
 esac

@@ -4,6 +4,7 @@ same bytes. The numbers behind the fixed-cost analysis in bench/README.md's weig
 
     python bench/profile_refit.py                       # Qwen2-0.5B and Llama-8B shapes, 2 GiB buckets
     python bench/profile_refit.py --shapes llama-8b --bucket-bytes 1073741824
+    python bench/profile_refit.py --shapes qwen2-1.5b --bucket-bytes 268435456 --fp32  # a trainer's fp32 masters
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 import weightsync as bw  # bench/: the state-dict shapes
 
 from services.weightsync.kernels import checksum as cs
-from services.weightsync.transfer.pack import pack_into, pack_sum64, unpack
-from services.weightsync.transfer.plan import ReceiverLayout, make_plan
+from services.weightsync.transfer.pack import pack_into, pack_sum64, pack_version, unpack
+from services.weightsync.transfer.plan import ReceiverLayout, layout_of, make_plan
 
 
 def timed(fn, reps: int) -> tuple[float, float]:
@@ -33,15 +34,18 @@ def timed(fn, reps: int) -> tuple[float, float]:
     return best
 
 
-def stages(shape: str, bucket_bytes: int, num_buffers: int) -> tuple[dict, dict]:
-    """The refit's stages as callables by name, and the payload's size, bucket and tensor counts."""
+def stages(shape: str, bucket_bytes: int, num_buffers: int, fp32: bool) -> tuple[dict, dict]:
+    """The refit's stages as callables by name, and the payload's size, bucket and tensor counts. With fp32
+    the trainer's tensors are fp32 and go out as bf16 (cast while packing)."""
     device = torch.device("cuda", 0)
-    named = bw.random_state(shape, device)
+    named = [(n, t.float() if fp32 else t) for n, t in bw.random_state(shape, device)]
     lookup = dict(named)
-    plan = make_plan(tuple((n, "bfloat16", tuple(t.shape)) for n, t in named), ReceiverLayout(), bucket_bytes)
+    plan = make_plan(layout_of(named), ReceiverLayout("bfloat16"), bucket_bytes)
     ring = [torch.empty(max(plan.bucket_nbytes), dtype=torch.uint8, device=device) for _ in range(num_buffers)]
+    whole = [torch.empty(n, dtype=torch.uint8, device=device) for n in plan.bucket_nbytes]
+    every = list(range(plan.num_buckets))
     received = [torch.empty(n, dtype=torch.uint8, device=device) for n in plan.bucket_nbytes]
-    engine = {n: torch.empty_like(t) for n, t in named}
+    engine = {n: torch.empty_like(t, dtype=torch.bfloat16) for n, t in named}
     views = unpack(received, plan)
     flat = torch.empty(sum(plan.bucket_nbytes), dtype=torch.uint8, device=device)
     flat_out = torch.empty_like(flat)
@@ -52,6 +56,11 @@ def stages(shape: str, bucket_bytes: int, num_buffers: int) -> tuple[dict, dict]
     rows = {
         "pack with checksum (sender)": each_bucket(lambda i, buf: pack_sum64(buf, plan, i, lookup)),
         "pack without checksum": each_bucket(lambda i, buf: pack_into(buf, plan, i, lookup)),
+        "pack whole version, one launch": lambda: pack_version(whole, plan, lookup, every),
+        "bucket sums, one launch + sync": lambda: cs.tensor_digests(
+            [(str(i), b) for i, b in enumerate(whole)], "sum64"
+        ),
+        "read-back sums, every tensor + sync": lambda: cs.tensor_digests(views, "sum64"),
         "copy out with checksum (receiver)": each_bucket(lambda i, buf: cs.copy_sum64(buf, received[i])),
         "engine copy, per tensor": lambda: [engine[n].copy_(v) for n, v in views],
         "plain copy of the bytes": lambda: flat_out.copy_(flat),
@@ -65,9 +74,10 @@ def main() -> None:
     p.add_argument("--bucket-bytes", type=int, default=2**31)
     p.add_argument("--num-buffers", type=int, default=3)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--fp32", action="store_true", help="fp32 trainer tensors, cast to bf16 while packing")
     args = p.parse_args()
     for shape in args.shapes:
-        rows, meta = stages(shape, args.bucket_bytes, args.num_buffers)
+        rows, meta = stages(shape, args.bucket_bytes, args.num_buffers, args.fp32)
         print(f"{shape}: {meta['GB']:.2f} GB in {meta['buckets']} buckets, {meta['tensors']} tensors")
         for name, fn in rows.items():
             seconds, host = timed(fn, args.reps)

@@ -35,6 +35,7 @@ from services.weightsync.kernels import checksum as cs  # noqa: E402
 from services.weightsync.transfer.arrival import receive_buckets, view_buckets  # noqa: E402
 from services.weightsync.transfer.pack import new_ring, pack_into, packed_buckets, slot_view, unpack  # noqa: E402
 from services.weightsync.transfer.plan import ReceiverLayout, make_plan  # noqa: E402
+from services.weightsync.transfer.timing import Marks  # noqa: E402
 from services.weightsync.transports import kind  # noqa: E402
 from services.weightsync.transports.base import Transfer, Transport  # noqa: E402
 
@@ -198,7 +199,7 @@ def ours(peer: Peer, shape: str, bucket_bytes: int, num_buffers: int, reps: int,
             return
         sizes = list(plan.bucket_nbytes)
         if t.transport.in_place:  # verified where the bytes lie, then one copy into the engine
-            buckets, sums = view_buckets(t.transport, transfer, sizes)
+            buckets, sums = view_buckets(t.transport, transfer, sizes, Marks())
         else:
             buckets, sums = receive_buckets(t.transport, transfer, sizes, algo)
         # Blocks until the sender committed; set on every repetition, so every one is verified.

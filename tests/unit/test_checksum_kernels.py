@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from services.weightsync.kernels import checksum as cs
-from services.weightsync.transfer.pack import pack_into, pack_sum64
+from services.weightsync.transfer.pack import pack_into, pack_sum64, pack_version
 from services.weightsync.transfer.plan import ReceiverLayout, layout_of, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +93,32 @@ def check_pack_sum64_matches_pack_then_sum(device: torch.device) -> None:
             pack_into(two_step, plan, i, lookup)
             assert torch.equal(fused, two_step), (receiver, i)
             assert torch.equal(got, cs.sum64_reference(two_step)), (receiver, i)
+        # The whole version in one launch: the same bytes and sums, bucket by bucket.
+        ring = [
+            torch.full((max(plan.bucket_nbytes),), 0xC3, dtype=torch.uint8, device=device) for _ in plan.bucket_nbytes
+        ]
+        sums = pack_version(ring, plan, lookup, list(range(plan.num_buckets)))
+        for i, size in enumerate(plan.bucket_nbytes):
+            two_step = torch.empty(size, dtype=torch.uint8, device=device)
+            pack_into(two_step, plan, i, lookup)
+            assert torch.equal(ring[i][:size], two_step), (receiver, i)
+            assert torch.equal(sums[i], cs.sum64_reference(two_step)), (receiver, i)
+
+
+def check_cast_to_bf16_rounds_as_torch(device: torch.device) -> None:
+    """fp32 sources cast to bf16 inside the kernel: torch's bytes for ties, halfway cases, infinities,
+    subnormals, signed zeros and extremes (NaN excepted: torch's own CPU and CUDA casts differ there)."""
+    special = torch.tensor(
+        [0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), 3.4e38, -3.4e38, 1e-40, -1e-40, 1e-45, 2.0**-126]
+    )
+    ties = (torch.arange(1, 21, dtype=torch.int32) << 16 | 0x8000).view(torch.float32)  # exact halves, odd and even
+    g = torch.Generator().manual_seed(5)
+    values = torch.cat([special, ties, -ties, torch.randn(4096 - 52, generator=g) * 1e3]).reshape(64, 64)
+    lookup = {"w": values.to(device)}
+    plan = make_plan(layout_of(list(lookup.items())), ReceiverLayout("bfloat16"), 1 << 20)
+    buf = torch.zeros(plan.bucket_nbytes[0], dtype=torch.uint8, device=device)
+    pack_sum64(buf, plan, 0, lookup)
+    assert torch.equal(buf[: values.numel() * 2].view(torch.bfloat16).cpu(), values.to(torch.bfloat16).reshape(-1))
 
 
 def check_readback_sums_in_one_launch_are_each_tensors_own(device: torch.device) -> None:
@@ -121,6 +147,7 @@ CHECKS = [
     check_sum64_and_copy,
     check_pieces_add_up_to_the_bucket,
     check_pack_sum64_matches_pack_then_sum,
+    check_cast_to_bf16_rounds_as_torch,
     check_readback_sums_in_one_launch_are_each_tensors_own,
 ]
 

@@ -18,6 +18,7 @@ import os
 import zlib
 from types import ModuleType
 
+import numpy as np
 import torch
 import xxhash
 
@@ -45,20 +46,21 @@ def tensor_digests(named: list[tuple[str, torch.Tensor]], algo: str) -> dict[str
     """
     if algo != "sum64":
         return {name: tensor_checksum(t) for name, t in named}
-    words = [t.detach().contiguous().reshape(-1).view(torch.uint8) for _, t in named]
-    kernels = kernels_for(words[0]) if words else None
-    batched = [
-        i for i, b in enumerate(words)
-        if kernels and b.device == words[0].device and b.numel() % 8 == 0 and b.data_ptr() % 8 == 0
-    ]  # fmt: skip
-    values: list = [None] * len(words)
-    if batched:
-        rows = [(words[i].data_ptr(), words[i].data_ptr(), words[i].numel() // 8, 0, kernels.SUM) for i in batched]
-        for i, v in zip(batched, kernels.sum64_each(rows, words[0].device), strict=True):
+    if not named:
+        return {}
+    kernels = kernels_for(named[0][1])
+    device = named[0][1].device
+    rows, batched, values = [], [], [None] * len(named)
+    for i, (_, t) in enumerate(named):
+        # By address where the tensor is whole words where it lies: a view per tensor costs host time.
+        if kernels and t.device == device and t.is_contiguous() and t.nbytes % 8 == 0 and t.data_ptr() % 8 == 0:
+            rows.append((t.data_ptr(), t.data_ptr(), t.nbytes // 8, 0, kernels.SUM))
+            batched.append(i)
+        else:
+            values[i] = sum64(_padded_words(t.detach().contiguous().reshape(-1).view(torch.uint8)))
+    if rows:
+        for i, v in zip(batched, kernels.sum64_each(rows, device), strict=True):
             values[i] = v
-    for i, b in enumerate(words):
-        if values[i] is None:
-            values[i] = sum64(_padded_words(b))
     return dict(zip([name for name, _ in named], digests(values), strict=True))
 
 
@@ -117,10 +119,12 @@ def sum64_hex(values: torch.Tensor) -> str:
     return "".join(f"{v & (2**64 - 1):016x}" for v in values.tolist())
 
 
-def digests(sums: list) -> list[str]:
-    """Hex digests of bucket checksums: strs as they are, device int64[3] tensors with one sync for all."""
-    if sums and isinstance(sums[0], torch.Tensor):
-        return [sum64_hex(v) for v in torch.stack(sums).cpu()]
+def digests(sums: list | torch.Tensor) -> list[str]:
+    """Hex digests of bucket checksums: strs as they are, device int64[3] tensors (a list, or one [n, 3]
+    tensor) with one sync for all."""
+    if isinstance(sums, torch.Tensor) or (sums and isinstance(sums[0], torch.Tensor)):
+        values = (sums if isinstance(sums, torch.Tensor) else torch.stack(sums)).cpu().numpy().view(np.uint64)
+        return [f"{a:016x}{b:016x}{c:016x}" for a, b, c in values.tolist()]
     return list(sums)
 
 

@@ -5,7 +5,9 @@ peers agree. Imported only where they run: CUDA tensors, or CPU tensors under TR
 
 A bucket is packed from hundreds of tensors; one launch per tensor cost more host time than the copies
 (bench/README.md). So every piece of a bucket goes to one launch: a table gives each piece's addresses,
-size, line and first tile, and each program finds its piece by binary search over the first tiles.
+size, line and first tile, and each program finds its piece by binary search over the first tiles. A
+whole version's buckets go to one launch too (sum64_groups), and fp32 sources are cast to bf16 inside it
+(mode CAST_BF16), so a trainer's fp32 master weights are read once and written once, as bf16.
 """
 
 from __future__ import annotations
@@ -17,16 +19,29 @@ import triton.language as tl
 LINE_WORDS = 8  # 64-byte lines, as in checksum.py
 BLOCK_LINES = 256
 """Lines per program: 16 KiB, 16 words per thread at 4 warps, enough loads in flight to stream HBM."""
-SUM, COPY, ZERO = 0, 1, 2
+SUM, COPY, ZERO, CAST_BF16 = 0, 1, 2, 3
 """What a piece's program does: sum the destination where it lies, copy the source into it while
-summing, or zero it (padding: adds nothing to the sum)."""
+summing, zero it (padding: adds nothing to the sum), or write the source's fp32 values into it as bf16
+(four per word) while summing."""
+
+
+@triton.jit
+def _bf16_words(src, offs, mask):
+    # The fp32 values behind each destination word, rounded to bf16 as torch rounds them (to nearest even;
+    # NaN as 0x7FC0, torch's CPU value), in integer arithmetic so the interpreter rounds alike, and packed
+    # little-endian four to a word.
+    part = tl.arange(0, 4)
+    bits = tl.load(src + offs[:, :, None] * 4 + part[None, None, :], mask=mask[:, :, None], other=0)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    half = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0x7FC0, rounded).to(tl.int64)
+    return tl.sum(half << (part[None, None, :] * 16).to(tl.int64), axis=2)
 
 
 @triton.jit
 def _pieces_kernel(table, num_pieces, partials, ALIGNED: tl.constexpr, BLOCK_LINES: tl.constexpr):
     # Program pid does tile pid - first_tile of the last piece whose first tile is <= pid; its three
-    # partial sums go to partials[pid]. Line k of the bucket (the piece's first line + local line) weighs
-    # k + 1 and column c weighs c + 1, as in the torch reference.
+    # partial sums go to partials[j * num_tiles + pid], j = 0, 1, 2. Line k of the bucket (the piece's
+    # first line + local line) weighs k + 1 and column c weighs c + 1, as in the torch reference.
     pid = tl.program_id(0).to(tl.int64)
     lo = pid * 0
     hi = lo + num_pieces
@@ -52,15 +67,18 @@ def _pieces_kernel(table, num_pieces, partials, ALIGNED: tl.constexpr, BLOCK_LIN
     mask = offs < num_words
     if mode == 2:
         w = tl.zeros((BLOCK_LINES, 8), dtype=tl.int64)
+    elif mode == 3:
+        w = _bf16_words(tl.load(row).to(tl.pointer_type(tl.uint32)), offs, mask)
     else:
         w = tl.load(src + offs, mask=mask, other=0)
     if mode != 0:
         tl.store(dst + offs, w, mask=mask)
     line_sums = tl.sum(w, axis=1)
     col_sums = tl.sum(w, axis=0)
-    tl.store(partials + pid * 3, tl.sum(col_sums, axis=0))
-    tl.store(partials + pid * 3 + 1, tl.sum(line_sums * (line + first_line + 1), axis=0))
-    tl.store(partials + pid * 3 + 2, tl.sum(col_sums * (col + 1), axis=0))
+    num_tiles = tl.num_programs(0)
+    tl.store(partials + pid, tl.sum(col_sums, axis=0))
+    tl.store(partials + num_tiles + pid, tl.sum(line_sums * (line + first_line + 1), axis=0))
+    tl.store(partials + 2 * num_tiles + pid, tl.sum(col_sums * (col + 1), axis=0))
 
 
 def _num_tiles(num_words: int) -> int:
@@ -91,23 +109,36 @@ def sum64_pieces(pieces: list[Piece]) -> torch.Tensor:
 
 def sum64_rows(rows: list[Row], device: torch.device) -> torch.Tensor:
     """sum64_pieces for pieces given by address (no tensor view to build per piece, which costs host time)."""
-    partials, _ = _launch(rows, device)
-    return partials.sum(0)
+    return sum64_groups([rows], device)[0]
 
 
 def sum64_each(rows: list[Row], device: torch.device) -> torch.Tensor:
     """int64[len(rows), 3]: each row's own sum64, in one launch for all (read-back checks of hundreds of
     small tensors, where a launch per tensor cost more host time than the reads take)."""
+    return sum64_groups([[r] for r in rows], device)
+
+
+def sum64_groups(groups: list[list[Row]], device: torch.device) -> torch.Tensor:
+    """int64[len(groups), 3]: the sum64 of each group of rows (a bucket's pieces, lines counted from its
+    start), every group in one launch: a whole version's buckets packed and summed at once."""
+    rows = [r for g in groups for r in g]
     partials, first_tiles = _launch(rows, device)
-    # A row's value is the sum of its tiles' partials: a difference of prefix sums (wrapping, exact).
-    prefix = torch.cat([partials.new_zeros(1, 3), partials.cumsum(0)])
-    bounds = torch.tensor(first_tiles, dtype=torch.int64).to(device)
-    return prefix[bounds[1:]] - prefix[bounds[:-1]]
+    # A group's value is the sum of its tiles' partials: a difference of prefix sums (wrapping, exact). One
+    # flat scan (a scan along the tiles of a [tiles, 3] tensor runs three threads, tens of ms per version).
+    prefix = torch.cat([partials.new_zeros(1), partials.cumsum(0)])
+    bounds, start = [0], 0
+    for g in groups:
+        start += len(g)
+        bounds.append(first_tiles[start])
+    tiles = first_tiles[-1]
+    at = [[j * tiles + b for b in bounds] for j in range(3)]
+    at = torch.tensor(at, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
+    return (prefix[at[:, 1:]] - prefix[at[:, :-1]]).t().contiguous()
 
 
 def _launch(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:
-    """Run the pieces kernel over rows: the partial sums of every tile, and each row's first tile (with
-    the total tile count appended)."""
+    """Run the pieces kernel over rows: the partial sums of every tile (int64[3 * tiles]: the three sums'
+    partials one after the other), and each row's first tile (with the total tile count appended)."""
     entries, first_tiles, tiles, aligned = [], [], 0, True
     for src, dst, num_words, first_line, mode in rows:
         first_tiles.append(tiles)
@@ -118,8 +149,8 @@ def _launch(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, list[i
         tiles += _num_tiles(num_words)
     first_tiles.append(tiles)
     if tiles == 0:
-        return torch.zeros(1, 3, dtype=torch.int64, device=device), first_tiles
-    partials = torch.empty(tiles, 3, dtype=torch.int64, device=device)
+        return torch.zeros(0, dtype=torch.int64, device=device), first_tiles
+    partials = torch.empty(3 * tiles, dtype=torch.int64, device=device)
     table = torch.tensor(entries, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
     _pieces_kernel[(tiles,)](table, len(entries), partials, ALIGNED=aligned, BLOCK_LINES=BLOCK_LINES)
     return partials, first_tiles

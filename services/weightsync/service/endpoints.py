@@ -5,7 +5,10 @@ from __future__ import annotations
 from concurrent import futures
 from dataclasses import dataclass, field
 
-from protos.grpo.v1 import weightsync_pb2
+import grpc
+
+from protos.grpo.v1 import rollout_pb2_grpc, weightsync_pb2
+from services.common.grpcio import channel
 
 
 @dataclass(slots=True)
@@ -20,6 +23,19 @@ class EndpointRecord:
     applied_version: int = 0
     last_error: str = ""
     """Why its last refit failed ("" after a success)."""
+    _channel: grpc.Channel | None = field(default=None, repr=False)
+
+    def stub(self) -> rollout_pb2_grpc.RolloutStub:
+        """Its Rollout stub, on a channel kept across refits (a new one per call costs a connection)."""
+        if self._channel is None:
+            self._channel = channel(self.address)
+        return rollout_pb2_grpc.RolloutStub(self._channel)
+
+    def close(self) -> None:
+        """Drop the channel (a new address, a failed call): the next call connects afresh."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
 
     def status(self) -> weightsync_pb2.EndpointStatus:
         return weightsync_pb2.EndpointStatus(

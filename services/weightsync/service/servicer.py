@@ -15,9 +15,9 @@ from concurrent import futures
 
 import grpc
 
-from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2, weightsync_pb2, weightsync_pb2_grpc
+from protos.grpo.v1 import rollout_pb2, weights_pb2, weightsync_pb2, weightsync_pb2_grpc
 from services.common.config import WeightsyncSection
-from services.common.grpcio import PreconditionError, channel, servicer_edge
+from services.common.grpcio import PreconditionError, servicer_edge
 
 from ..transfer.plan import CAST_DTYPES
 from ..transports import choose, kind, several_senders
@@ -51,6 +51,8 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
             record = self._endpoints.setdefault(
                 request.endpoint_id, EndpointRecord(request.endpoint_id, request.grpc_address)
             )
+            if record.address != request.grpc_address:
+                record.close()
             record.address, record.dtype = request.grpc_address, request.dtype
             refit = self._refits.get(self._latest)
         if refit is not None:
@@ -145,7 +147,9 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
             req = rollout_pb2.LoadWeightsRequest(
                 manifest=refit.request.manifest, group=g, source=refit.request.source, refit_id=refit_id
             )
-            call = self._pool.submit(_load_weights, endpoint.address, req, refit.timeout_s)
+            with self._lock:
+                stub = endpoint.stub()
+            call = self._pool.submit(stub.LoadWeights, req, timeout=refit.timeout_s)
             call.add_done_callback(lambda f, e=endpoint.endpoint_id, v=refit.version: self._done(e, v, f))
             calls[endpoint.endpoint_id] = call
         return calls
@@ -161,6 +165,7 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
                 record.applied_version, record.last_error = max(record.applied_version, version), ""
                 return
             record.last_error = _describe(error)
+            record.close()
             self._group_members = ()  # force a fresh group next time
             if record.last_error.startswith("UNAVAILABLE"):
                 # Nobody listens there any more: drop it so the next refit goes to the living.
@@ -204,11 +209,6 @@ def _result(endpoint: str, call: futures.Future, timeout_s: float) -> weightsync
         readback_checksums=dict(reply.readback_checksums),
         apply_s=reply.apply_s,
     )
-
-
-def _load_weights(address: str, request: rollout_pb2.LoadWeightsRequest, timeout_s: float):
-    with channel(address) as ch:
-        return rollout_pb2_grpc.RolloutStub(ch).LoadWeights(request, timeout=timeout_s)
 
 
 def _describe(e: BaseException) -> str:

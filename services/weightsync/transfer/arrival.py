@@ -4,16 +4,13 @@ benchmark runs it on machines without our wire stack."""
 
 from __future__ import annotations
 
-import logging
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from ..kernels import checksum as cs
 from ..transports.base import Transfer, Transport
-
-log = logging.getLogger(__name__)
+from .timing import Marks
 
 
 def receive_buckets(
@@ -50,13 +47,14 @@ def receive_buckets(
         return out, [f.result() for f in futures]
 
 
-def view_buckets(transport: Transport, transfer: Transfer, sizes: list[int]) -> tuple[list[torch.Tensor], list[str]]:
+def view_buckets(
+    transport: Transport, transfer: Transfer, sizes: list[int], marks: Marks
+) -> tuple[list[torch.Tensor], list[str]]:
     """An in-place transport's buckets where they lie in the sender's memory, and their checksums (one
     launch and one host sync for all of them). Nothing is copied: the caller verifies the views against the
     sender's commit, copies them into its engine, then releases them (transport.release)."""
-    start = time.perf_counter()
     views = [transport.view(transfer, i, n) for i, n in enumerate(sizes)]  # the first waits for the sender
-    viewed = time.perf_counter()
+    marks.mark("ready")
     digests = cs.tensor_digests([(str(i), v) for i, v in enumerate(views)], "sum64")
-    log.info("waited %.3fs for the sender's bytes, summed them in %.3fs", viewed - start, time.perf_counter() - viewed)
+    marks.mark("summed")
     return views, [digests[str(i)] for i in range(len(views))]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels import checksum as cs
-from .pack import expected_tensor
+from .pack import expected_tensor, unpack
 from .plan import TransferPlan
 
 
@@ -38,17 +38,20 @@ def verify(
     plan: TransferPlan,
     named: dict[str, torch.Tensor],
     algo: str,
-    sent: dict[str, torch.Tensor] | None = None,
+    ring: list[torch.Tensor] | None = None,
 ) -> int:
     """Check what every endpoint received and read back against what was sent; return tensors verified
     (those read back whose sources this sender holds: its share, where several ranks send). `algo` is the
-    manifest's checksum_algo, whose family the read-back checksums are in. `sent`, where the sender still
-    holds the packed version (an in-place ring), gives each slot's tensor as it went out, cast and fused:
-    no cast is redone."""
+    manifest's checksum_algo, whose family the read-back checksums are in. `ring`, where the sender still
+    holds the packed version (an in-place ring, bucket i in ring[i]), gives each slot's tensor as it went
+    out, cast and fused: no cast is redone."""
     slots = {s.name: s for s in plan.slots}
     read = {n for r in results for n in r.readback_checksums if n in slots}
     held = [n for n in sorted(read) if all(src in named for src in slots[n].sources)]
-    expected = [(n, sent[n] if sent is not None else expected_tensor(slots[n], named)) for n in held]
+    if ring is not None:
+        expected = unpack(ring, plan, [slots[n] for n in held])
+    else:
+        expected = [(n, expected_tensor(slots[n], named)) for n in held]
     want = cs.tensor_digests(expected, algo)
     counts = []
     for r in results:

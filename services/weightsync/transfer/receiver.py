@@ -4,7 +4,6 @@ same data plane, every bucket verified against it, and only then tensors out."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -19,6 +18,7 @@ from .arrival import receive_buckets, view_buckets
 from .commit import Commit
 from .manifest import plan_of
 from .pack import unpack
+from .timing import Marks, gc_held
 
 log = logging.getLogger(__name__)
 
@@ -40,42 +40,46 @@ class Receiver:
         """Receive every bucket and the commit, verify each bucket against it; yield tensors and checksum.
 
         Over an in-place transport (cuda_ipc) the tensors are views of the sender's memory: they are valid
-        inside the block only, and leaving it (or a failure before) releases them to the sender."""
-        plan, sender = plan_of(m), source.sender_id or "the sender"
-        transport, transfer = self._transports.get(group.backend), Transfer(group, source, refit_id)
-        failed, start = True, time.perf_counter()
-        try:
+        inside the block only, and leaving it (or a failure before) releases them to the sender. The garbage
+        collector waits until then (timing.gc_held)."""
+        with gc_held():
+            marks, sender = Marks(), source.sender_id or "the sender"
+            plan = plan_of(m)
             sizes = list(plan.bucket_nbytes)
-            if transport.in_place:
-                buckets, sums = view_buckets(transport, transfer, sizes)
-            else:
-                buckets, sums = receive_buckets(
-                    transport, transfer, sizes, m.checksum_algo, [b.sender for b in m.buckets]
-                )
-            arrived = time.perf_counter()
-            commit = Commit.decode(transport.receive_commit(transfer))
-            failed = False
-            log.info(
-                "version %d: %d buckets %s and summed in %.3fs, commit %.3fs later",
-                m.policy_version, len(sizes), "viewed" if transport.in_place else "received",
-                arrived - start, time.perf_counter() - arrived,
-            )  # fmt: skip
-        except Exception as e:
-            _release_quietly(transport, transfer)
-            raise PeerError(f"transfer of version {m.policy_version} from {sender} failed: {first_line(e)}") from e
-        finally:
-            transport.end(transfer, failed)
-        try:
-            if commit.error:
-                raise PeerError(f"{sender} aborted version {m.policy_version}: {commit.error}")
-            bad = [i for i, (got, want) in enumerate(zip(sums, commit.bucket_checksums)) if got != want]
-            if bad or len(sums) != len(commit.bucket_checksums):
-                raise ValueError(
-                    f"version {m.policy_version}: buckets {bad[:5]} arrived different from what {sender} sent"
-                )
-            yield unpack(buckets, plan), cs.combine(sums)
-        finally:
-            _release_quietly(transport, transfer)
+            transport, transfer = self._transports.get(group.backend), Transfer(group, source, refit_id)
+            failed = True
+            try:
+                if transport.in_place:
+                    buckets, sums = view_buckets(transport, transfer, sizes, marks)
+                else:
+                    buckets, sums = receive_buckets(
+                        transport, transfer, sizes, m.checksum_algo, [b.sender for b in m.buckets]
+                    )
+                    marks.mark("received and summed")
+                commit = Commit.decode(transport.receive_commit(transfer))
+                marks.mark("commit")
+                failed = False
+            except Exception as e:
+                _release_quietly(transport, transfer)
+                raise PeerError(f"transfer of version {m.policy_version} from {sender} failed: {first_line(e)}") from e
+            finally:
+                transport.end(transfer, failed)
+            try:
+                if commit.error:
+                    raise PeerError(f"{sender} aborted version {m.policy_version}: {commit.error}")
+                bad = [i for i, (got, want) in enumerate(zip(sums, commit.bucket_checksums)) if got != want]
+                if bad or len(sums) != len(commit.bucket_checksums):
+                    raise ValueError(
+                        f"version {m.policy_version}: buckets {bad[:5]} arrived different from what {sender} sent"
+                    )
+                named = unpack(buckets, plan)
+                marks.mark("verified and unpacked")
+                yield named, cs.combine(sums)
+                marks.mark("applied")
+            finally:
+                _release_quietly(transport, transfer)
+            marks.mark("released")
+            log.info("version %d: %s", m.policy_version, marks)
 
 
 def _release_quietly(transport, transfer: Transfer) -> None:

@@ -12,9 +12,11 @@ import dataclasses
 import logging
 import os
 import socket
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+import grpc
 import torch
 
 from protos.grpo.v1 import weights_pb2, weightsync_pb2, weightsync_pb2_grpc
@@ -26,9 +28,10 @@ from ..transports.base import Offer, Transfer, Transport, first_line
 from . import manifest as mf
 from .commit import Commit
 from .outcome import RefitError, RefitResult, verify
-from .pack import packed_buckets, unpack
+from .pack import pack_version, packed_buckets
 from .plan import ReceiverLayout, SenderLayout, TransferPlan, bucket_senders, layout_of, make_plan
 from .ranks import Failed, Ranks
+from .timing import Marks, gc_held
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class Sender:
         self.ranks = ranks or Ranks()
         self._sender_id = sender_id
         self._transports = Transports()
+        self._channels: dict[str, grpc.Channel] = {}
+        """By address: the weightsync service's channel, kept across refits (a new one costs a connection)."""
 
     @property
     def sender_id(self) -> str:
@@ -76,8 +81,10 @@ class Sender:
         timeout_s: float,
     ) -> RefitResult | None:
         """Plan for the receivers and send one version, every rank holding all of `named`."""
+        marks = Marks()
         plan = self.plan(layout_of(named), address, bucket_bytes, timeout_s)
-        return None if plan is None else self.send(named, plan, policy_version, address, timeout_s)
+        marks.mark("planned")
+        return None if plan is None else self.send(named, plan, policy_version, address, timeout_s, marks)
 
     def plan(self, layout: SenderLayout, address: str, bucket_bytes: int, timeout_s: float) -> RefitPlan | None:
         """Rank 0 asks how the receivers want the weights and tells the others; every rank plans alike.
@@ -90,9 +97,21 @@ class Sender:
         senders = bucket_senders(plan.bucket_nbytes, self.ranks.world)
         return RefitPlan(plan, senders, reply.transport, reply.cast_dtype, reply.num_buffers, reply.ucxx_host)
 
+    @contextmanager
+    def _stub(self, address: str) -> Iterator[weightsync_pb2_grpc.WeightSyncStub]:
+        """The service's stub on the kept channel; a failed call drops the channel, so the next refit connects
+        afresh instead of waiting out a broken channel's reconnect backoff."""
+        if address not in self._channels:
+            self._channels[address] = channel(address)
+        try:
+            yield weightsync_pb2_grpc.WeightSyncStub(self._channels[address])
+        except grpc.RpcError:
+            self._channels.pop(address).close()
+            raise
+
     def _layout(self, address: str, timeout_s: float) -> bytes:
-        with channel(address) as ch:
-            reply = weightsync_pb2_grpc.WeightSyncStub(ch).Layout(weightsync_pb2.LayoutRequest(), timeout=timeout_s)
+        with self._stub(address) as stub:
+            reply = stub.Layout(weightsync_pb2.LayoutRequest(), timeout=timeout_s)
         if self.ranks.world > kind(reply.transport).max_senders:
             several = ", ".join(several_senders())
             raise ValueError(f"several senders need a collective transport ({several}), not {reply.transport}")
@@ -105,32 +124,54 @@ class Sender:
         policy_version: int,
         address: str,
         timeout_s: float,
+        marks: Marks | None = None,
     ) -> RefitResult | None:
         """Send one version, each rank its own buckets of the plan (`named` holds their sources). Rank 0
-        returns the result or raises; the others return None."""
-        start, lookup = time.perf_counter(), dict(named)
+        returns the result or raises; the others return None. The garbage collector waits (timing.gc_held);
+        `marks` (the refit's start, where it planned first) gets its moments, logged at the end."""
+        with gc_held():
+            return self._send(named, plan, policy_version, address, timeout_s, marks or Marks())
+
+    def _send(
+        self, named, plan: RefitPlan, policy_version: int, address: str, timeout_s: float, marks: Marks
+    ) -> RefitResult | None:
+        start, lookup = marks.elapsed(), dict(named)
         transport = self._transports.get(plan.transport)
         # An in-place ring holds the whole version: receivers read it where it lies until they release it.
         num_buffers = plan.plan.num_buckets if transport.in_place else min(plan.num_buffers, plan.plan.num_buckets)
         ring, offer = transport.offer(max(plan.plan.bucket_nbytes), num_buffers, plan.ucxx_host)
         source = _source(self.sender_id, offer)
         algo = cs.algo_for(transport.device())
-        with channel(address) as ch:
-            stub = weightsync_pb2_grpc.WeightSyncStub(ch)
+        own = [i for i, r in enumerate(plan.senders) if r == self.ranks.rank]
+        marks.mark("offered")
+        # A ring that holds the version is packed before the announcement: the GPU packs while the receivers
+        # are called, and nothing of it is announced where packing fails.
+        try:
+            packed = (own, pack_version(ring, plan.plan, lookup, own)) if transport.in_place else None
+        except Exception as e:
+            raise RefitError(f"version {policy_version} not sent: packing failed: {first_line(e)}") from e
+        marks.mark("packing enqueued")
+        with self._stub(address) as stub:
             announced = self.ranks.on_rank0(lambda: self._announce(stub, plan, policy_version, algo, source, timeout_s))
             if isinstance(announced, Failed):
                 return None
+            marks.mark("announced")
             reply = weightsync_pb2.PublishReply.FromString(announced)
-            commit = self._transfer(transport, reply, source, plan, lookup, ring)
+            commit = self._transfer(transport, reply, source, plan, lookup, ring, packed, marks)
             request = weightsync_pb2.AwaitRequest(
                 refit_id=reply.refit_id, timeout_s=timeout_s, sender_error=commit.error
             )
             done = self.ranks.on_rank0(lambda: stub.AwaitVersion(request, timeout=timeout_s + 5).SerializeToString())
         if isinstance(done, Failed):
             return None
+        marks.mark("awaited")
         done = weightsync_pb2.AwaitReply.FromString(done)
-        sent = dict(unpack(ring, plan.plan)) if transport.in_place else None  # untouched until our next refit
-        return self._outcome(done, policy_version, commit, plan, lookup, algo, time.perf_counter() - start, sent)
+        sent = ring if transport.in_place else None  # untouched until our next refit
+        result = self._outcome(done, policy_version, commit, plan, lookup, algo, marks.elapsed() - start, sent)
+        marks.mark("verified")
+        if not commit.error:
+            log.info("refit %s: %s", reply.refit_id, marks)
+        return result
 
     def _announce(self, stub, plan: RefitPlan, version: int, algo: str, source, timeout_s: float) -> bytes:
         manifest = mf.to_manifest(plan.plan, version, algo, plan.senders)
@@ -139,31 +180,33 @@ class Sender:
         )
         return stub.PublishVersion(request, timeout=timeout_s).SerializeToString()
 
-    def _transfer(self, transport: Transport, reply, source, plan: RefitPlan, lookup, ring) -> Commit:
-        """Pack and send this rank's buckets, then commit every rank's checksums (or their errors)."""
+    def _transfer(
+        self, transport: Transport, reply, source, plan: RefitPlan, lookup, ring, packed, marks: Marks
+    ) -> Commit:
+        """Pack (unless `packed` already holds this rank's bucket indices and sums) and send this rank's
+        buckets, then commit every rank's checksums (or their errors)."""
         rank, group = self.ranks.rank, weights_pb2.TransferGroup()
         group.CopyFrom(reply.group)
         group.rank = rank
         transfer = Transfer(group, source, reply.refit_id)
         own, sums, error = [i for i, r in enumerate(plan.senders) if r == rank], [], ""
-        start = time.perf_counter()
         try:
-            buckets = packed_buckets(plan.plan, lookup, ring, sums, own)
+            if packed is not None:
+                own, sums = packed
+                buckets = [(i, ring[k][: plan.plan.bucket_nbytes[i]]) for k, i in enumerate(own)]
+            else:
+                buckets = packed_buckets(plan.plan, lookup, ring, sums, own)
             transport.send(transfer, buckets, plan.plan.bucket_nbytes, plan.senders)
+            marks.mark("sent")
             digests = cs.digests(sums)
-            sent = time.perf_counter()
         except Exception as e:  # the endpoints' side names the failed peer; the commit tells them to stop
             who = "sender" if self.ranks.world == 1 else f"sender rank {rank}"
             digests, error = [], f"{who}: {first_line(e)}"
         commit = Commit.of_shares(self.ranks.gather((own, digests, error)), plan.plan.num_buckets)
         commit = self._commit(transport, transfer, commit)
-        committed = time.perf_counter()
+        marks.mark("committed")
         transport.end(transfer, failed=bool(commit.error))
-        if not commit.error:
-            log.info(
-                "refit %s: %d buckets packed and sent %.3fs, committed %.3fs later, ended %.3fs later",
-                transfer.tag, len(own), sent - start, committed - sent, time.perf_counter() - committed,
-            )  # fmt: skip
+        marks.mark("released")
         return commit
 
     def _commit(self, transport: Transport, transfer: Transfer, commit: Commit) -> Commit:
