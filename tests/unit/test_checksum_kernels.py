@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from services.weightsync.kernels import checksum as cs
-from services.weightsync.transfer.pack import pack_into, pack_sum64, pack_version
+from services.weightsync.transfer.pack import pack_into, pack_sum64, pack_version, unpack
 from services.weightsync.transfer.plan import ReceiverLayout, layout_of, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,12 +97,16 @@ def check_pack_sum64_matches_pack_then_sum(device: torch.device) -> None:
         ring = [
             torch.full((max(plan.bucket_nbytes),), 0xC3, dtype=torch.uint8, device=device) for _ in plan.bucket_nbytes
         ]
-        sums = pack_version(ring, plan, lookup, list(range(plan.num_buckets)))
+        packed = pack_version(ring, plan, lookup, list(range(plan.num_buckets)))
         for i, size in enumerate(plan.bucket_nbytes):
             two_step = torch.empty(size, dtype=torch.uint8, device=device)
             pack_into(two_step, plan, i, lookup)
             assert torch.equal(ring[i][:size], two_step), (receiver, i)
-            assert torch.equal(sums[i], cs.sum64_reference(two_step)), (receiver, i)
+            assert torch.equal(packed.bucket_sums[i], cs.sum64_reference(two_step)), (receiver, i)
+        # Each tensor the kernel packed piece by piece carries the checksum its read-back will compute.
+        tensors = packed.slot_digests()
+        assert tensors or cs.kernels_for(ring[0]) is None
+        assert tensors == cs.tensor_digests(unpack(ring, plan, [s for s in plan.slots if s.name in tensors]), "sum64")
 
 
 def check_cast_to_bf16_rounds_as_torch(device: torch.device) -> None:

@@ -109,31 +109,37 @@ def sum64_pieces(pieces: list[Piece]) -> torch.Tensor:
 
 def sum64_rows(rows: list[Row], device: torch.device) -> torch.Tensor:
     """sum64_pieces for pieces given by address (no tensor view to build per piece, which costs host time)."""
-    return sum64_groups([rows], device)[0]
+    return sum64_ranges(rows, [(0, len(rows))], device)[0]
 
 
 def sum64_each(rows: list[Row], device: torch.device) -> torch.Tensor:
     """int64[len(rows), 3]: each row's own sum64, in one launch for all (read-back checks of hundreds of
     small tensors, where a launch per tensor cost more host time than the reads take)."""
-    return sum64_groups([[r] for r in rows], device)
+    return sum64_ranges(rows, [(i, i + 1) for i in range(len(rows))], device)
 
 
 def sum64_groups(groups: list[list[Row]], device: torch.device) -> torch.Tensor:
     """int64[len(groups), 3]: the sum64 of each group of rows (a bucket's pieces, lines counted from its
     start), every group in one launch: a whole version's buckets packed and summed at once."""
-    rows = [r for g in groups for r in g]
+    rows: list[Row] = []
+    ranges = []
+    for g in groups:
+        ranges.append((len(rows), len(rows) + len(g)))
+        rows.extend(g)
+    return sum64_ranges(rows, ranges, device)
+
+
+def sum64_ranges(rows: list[Row], ranges: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
+    """int64[len(ranges), 3]: for each (first, end) range of rows, the sum of those rows' values, all rows in one
+    launch; ranges may overlap (a bucket's, and a tensor's inside it)."""
     partials, first_tiles = _launch(rows, device)
-    # A group's value is the sum of its tiles' partials: a difference of prefix sums (wrapping, exact). One
+    # A range's value is the sum of its tiles' partials: a difference of prefix sums (wrapping, exact). One
     # flat scan (a scan along the tiles of a [tiles, 3] tensor runs three threads, tens of ms per version).
     prefix = torch.cat([partials.new_zeros(1), partials.cumsum(0)])
-    bounds, start = [0], 0
-    for g in groups:
-        start += len(g)
-        bounds.append(first_tiles[start])
-    tiles = first_tiles[-1]
-    at = [[j * tiles + b for b in bounds] for j in range(3)]
+    tiles, n = first_tiles[-1], len(ranges)
+    at = [[j * tiles + first_tiles[r[k]] for k in (0, 1) for r in ranges] for j in range(3)]
     at = torch.tensor(at, dtype=torch.int64, pin_memory=device.type == "cuda").to(device, non_blocking=True)
-    return (prefix[at[:, 1:]] - prefix[at[:, :-1]]).t().contiguous()
+    return (prefix[at[:, n:]] - prefix[at[:, :n]]).t().contiguous()
 
 
 def _launch(rows: list[Row], device: torch.device) -> tuple[torch.Tensor, list[int]]:

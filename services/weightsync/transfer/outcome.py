@@ -39,20 +39,24 @@ def verify(
     named: dict[str, torch.Tensor],
     algo: str,
     ring: list[torch.Tensor] | None = None,
+    packed: dict[str, str] | None = None,
 ) -> int:
     """Check what every endpoint received and read back against what was sent; return tensors verified
     (those read back whose sources this sender holds: its share, where several ranks send). `algo` is the
     manifest's checksum_algo, whose family the read-back checksums are in. `ring`, where the sender still
     holds the packed version (an in-place ring, bucket i in ring[i]), gives each slot's tensor as it went
-    out, cast and fused: no cast is redone."""
+    out, cast and fused: no cast is redone; `packed` holds the checksums the packing kernel already took of
+    them (pack.PackedVersion), so those are not summed again."""
     slots = {s.name: s for s in plan.slots}
     read = {n for r in results for n in r.readback_checksums if n in slots}
     held = [n for n in sorted(read) if all(src in named for src in slots[n].sources)]
+    want = {n: packed[n] for n in held if n in (packed or {})}
+    rest = [slots[n] for n in held if n not in want]
     if ring is not None:
-        expected = unpack(ring, plan, [slots[n] for n in held])
+        expected = unpack(ring, plan, rest)
     else:
-        expected = [(n, expected_tensor(slots[n], named)) for n in held]
-    want = cs.tensor_digests(expected, algo)
+        expected = [(s.name, expected_tensor(s, named)) for s in rest]
+    want.update(cs.tensor_digests(expected, algo))
     counts = []
     for r in results:
         if r.received_checksum != sent_checksum:

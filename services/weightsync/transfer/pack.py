@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 
@@ -42,55 +43,88 @@ def pack_sum64(buf: torch.Tensor, plan: TransferPlan, index: int, lookup: dict[s
     if kernels is None:
         pack_into(buf, plan, index, lookup)
         return cs.sum64(buf)
-    return kernels.sum64_rows(_bucket_rows(buf, plan, index, lookup, kernels), buf.device)
+    return kernels.sum64_rows(_bucket_rows(buf, plan, index, lookup, kernels)[0], buf.device)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedVersion:
+    """A version packed into a ring that holds it (pack_version): each bucket's sum64, enqueued, and, for the
+    tensors the kernel packed piece by piece, each one's sum64 as an engine's read-back computes it (its lines
+    counted from its own start): what the read-back must find, with no second pass over the ring."""
+
+    bucket_sums: torch.Tensor | list
+    slot_names: tuple[str, ...] = ()
+    slot_sums: torch.Tensor | None = None
+
+    def slot_digests(self) -> dict[str, str]:
+        return dict(zip(self.slot_names, cs.digests(self.slot_sums), strict=True)) if self.slot_names else {}
 
 
 def pack_version(
     ring: list[torch.Tensor], plan: TransferPlan, lookup: dict[str, torch.Tensor], indices: list[int]
-) -> torch.Tensor | list:
-    """Pack buckets `indices` into ring[0], ring[1], ... (a ring that holds them all) and return their sum64s,
-    int64[len(indices), 3], enqueued on the current stream: where the kernels run, the whole version in one
-    launch (per-bucket launches cost host time a version of hundreds of tensors does not need to pay)."""
+) -> PackedVersion:
+    """Pack buckets `indices` into ring[0], ring[1], ... (a ring that holds them all), enqueued on the current
+    stream: where the kernels run, the whole version in one launch (per-bucket launches cost host time a
+    version of hundreds of tensors does not need to pay), which also sums each tensor."""
     bufs = [ring[k][: plan.bucket_nbytes[i]] for k, i in enumerate(indices)]
     kernels = cs.kernels_for(bufs[0]) if bufs else None
     if kernels is None:
-        return [pack_sum64(buf, plan, i, lookup) for buf, i in zip(bufs, indices, strict=True)]
-    groups = [_bucket_rows(buf, plan, i, lookup, kernels) for buf, i in zip(bufs, indices, strict=True)]
-    return kernels.sum64_groups(groups, bufs[0].device)
+        return PackedVersion([pack_sum64(buf, plan, i, lookup) for buf, i in zip(bufs, indices, strict=True)])
+    rows, buckets, slots = [], [], []
+    for buf, i in zip(bufs, indices, strict=True):
+        bucket_rows, bucket_slots = _bucket_rows(buf, plan, i, lookup, kernels)
+        slots += [(name, len(rows) + first, len(rows) + end, line) for name, first, end, line in bucket_slots]
+        buckets.append((len(rows), len(rows) + len(bucket_rows)))
+        rows += bucket_rows
+    device = bufs[0].device
+    sums = kernels.sum64_ranges(rows, buckets + [(first, end) for _, first, end, _ in slots], device)
+    tensors = sums[len(buckets) :]
+    # Read back, a tensor's line k is the bucket's line k + its first line: that many plain sums less.
+    first_lines = torch.tensor([line for *_, line in slots], dtype=torch.int64, pin_memory=device.type == "cuda")
+    tensors[:, 1] -= first_lines.to(device, non_blocking=True) * tensors[:, 0]
+    return PackedVersion(sums[: len(buckets)], tuple(name for name, *_ in slots), tensors)
 
 
-def _bucket_rows(buf: torch.Tensor, plan: TransferPlan, index: int, lookup, kernels) -> list[tuple]:
-    """The kernel's rows that pack bucket `index` into buf and sum it.
+def _bucket_rows(
+    buf: torch.Tensor, plan: TransferPlan, index: int, lookup, kernels
+) -> tuple[list[tuple], list[tuple[str, int, int, int]]]:
+    """The kernel's rows that pack bucket `index` into buf and sum it, and each slot's (name, its first row,
+    the row after its last, its first line).
 
     sum64 is a sum of per-word terms, so the bucket's value is the sum of its pieces' values given each
     piece's first line (the kernel zeroes the padding). A piece that starts inside a 64-byte line or is
     not whole words (a fused tensor split at an odd row) sends the bucket the two-step way: pack, then
-    one read. An fp32 source of a bf16 slot is cast by the kernel; a source that must be cast otherwise or
-    lives elsewhere is copied by torch, then summed where it landed. The pieces go to the kernel by
-    address: building a view per tensor cost more host time than the copies take on the GPU.
+    one read (and no slot's rows). An fp32 source of a bf16 slot is cast by the kernel; a source that must be
+    cast otherwise or lives elsewhere is copied by torch, then summed where it landed. The pieces go to the
+    kernel by address: building a view per tensor cost more host time than the copies take on the GPU.
     """
-    spans = _spans(plan, index, lookup)
     base = buf.data_ptr()
-    if any(offset % ALIGN_BYTES or nbytes % 8 for _, _, offset, nbytes in spans):
+    if any(offset % ALIGN_BYTES or nbytes % 8 for _, _, offset, nbytes in _spans(plan, index, lookup)):
         pack_into(buf, plan, index, lookup)
-        return [(base, base, buf.numel() // 8, 0, kernels.SUM)]
-    rows, end, device = [], 0, buf.device
-    for src, dtype, offset, nbytes in spans:
-        if offset > end:  # padding before this piece
-            rows.append((base + end, base + end, (offset - end) // 8, end // ALIGN_BYTES, kernels.ZERO))
-        addr, line, ptr = base + offset, offset // ALIGN_BYTES, src.data_ptr()
-        direct = ptr % 8 == 0 and src.device == device and src.is_contiguous()
-        if direct and src.dtype == dtype:
-            rows.append((ptr, addr, nbytes // 8, line, kernels.COPY))
-        elif direct and src.dtype == torch.float32 and dtype == torch.bfloat16:
-            rows.append((ptr, addr, nbytes // 8, line, kernels.CAST_BF16))
-        else:
-            _copy_at(buf, offset, nbytes, dtype, src)
-            rows.append((addr, addr, nbytes // 8, line, kernels.SUM))
-        end = offset + nbytes
+        return [(base, base, buf.numel() // 8, 0, kernels.SUM)], []
+    rows, slots, end, device = [], [], 0, buf.device
+    for slot in plan.by_bucket[index]:
+        if slot.offset > end:  # padding before this slot
+            rows.append((base + end, base + end, (slot.offset - end) // 8, end // ALIGN_BYTES, kernels.ZERO))
+        first, dtype, offset = len(rows), torch_dtype(slot.dtype), slot.offset
+        for name in slot.sources:
+            src = lookup[name]
+            nbytes = src.numel() * dtype.itemsize
+            addr, line, ptr = base + offset, offset // ALIGN_BYTES, src.data_ptr()
+            direct = ptr % 8 == 0 and src.device == device and src.is_contiguous()
+            if direct and src.dtype == dtype:
+                rows.append((ptr, addr, nbytes // 8, line, kernels.COPY))
+            elif direct and src.dtype == torch.float32 and dtype == torch.bfloat16:
+                rows.append((ptr, addr, nbytes // 8, line, kernels.CAST_BF16))
+            else:
+                _copy_at(buf, offset, nbytes, dtype, src)
+                rows.append((addr, addr, nbytes // 8, line, kernels.SUM))
+            offset += nbytes
+        slots.append((slot.name, first, len(rows), slot.offset // ALIGN_BYTES))
+        end = offset
     if end < buf.numel():
         rows.append((base + end, base + end, (buf.numel() - end) // 8, end // ALIGN_BYTES, kernels.ZERO))
-    return rows
+    return rows, slots
 
 
 def _spans(plan: TransferPlan, index: int, lookup) -> list[tuple[torch.Tensor, torch.dtype, int, int]]:
