@@ -6,7 +6,7 @@ peers agree. Imported only where they run: CUDA tensors, or CPU tensors under TR
 A bucket is packed from hundreds of tensors; one launch per tensor cost more host time than the copies
 (bench/README.md). So every piece of a bucket goes to one launch: a table gives each piece's addresses,
 size, line and first tile, and each program finds its piece by binary search over the first tiles. A
-whole version's buckets go to one launch too (sum64_groups), and fp32 sources are cast to bf16 inside it
+whole version's buckets go to one launch too (sum64_ranges), and fp32 sources are cast to bf16 inside it
 (mode CAST_BF16), so a trainer's fp32 master weights are read once and written once, as bf16.
 """
 
@@ -118,20 +118,9 @@ def sum64_each(rows: list[Row], device: torch.device) -> torch.Tensor:
     return sum64_ranges(rows, [(i, i + 1) for i in range(len(rows))], device)
 
 
-def sum64_groups(groups: list[list[Row]], device: torch.device) -> torch.Tensor:
-    """int64[len(groups), 3]: the sum64 of each group of rows (a bucket's pieces, lines counted from its
-    start), every group in one launch: a whole version's buckets packed and summed at once."""
-    rows: list[Row] = []
-    ranges = []
-    for g in groups:
-        ranges.append((len(rows), len(rows) + len(g)))
-        rows.extend(g)
-    return sum64_ranges(rows, ranges, device)
-
-
 def sum64_ranges(rows: list[Row], ranges: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
     """int64[len(ranges), 3]: for each (first, end) range of rows, the sum of those rows' values, all rows in one
-    launch; ranges may overlap (a bucket's, and a tensor's inside it)."""
+    launch; ranges may overlap (a whole version's buckets, and the tensors inside them)."""
     partials, first_tiles = _launch(rows, device)
     # A range's value is the sum of its tiles' partials: a difference of prefix sums (wrapping, exact). One
     # flat scan (a scan along the tiles of a [tiles, 3] tensor runs three threads, tens of ms per version).

@@ -165,11 +165,14 @@ def unpack(
         key = (s.bucket, dtype)
         if key not in typed:
             typed[key] = buckets[s.bucket].view(dtype)
-        strides, step = [], 1
+        bucket, strides, step = typed[key], [], 1
         for size in reversed(s.shape):
             strides.append(step)
             step *= size
-        out.append((s.name, typed[key].as_strided(s.shape, strides[::-1], s.offset // dtype.itemsize)))
+        # as_strided's offset counts from the storage's start, not the bucket's.
+        out.append(
+            (s.name, bucket.as_strided(s.shape, strides[::-1], bucket.storage_offset() + s.offset // dtype.itemsize))
+        )
     return out
 
 
