@@ -1,11 +1,12 @@
-"""Two variants of one run config through every service (the path `make run` takes), one after the other on the same
-machine: the median of each step timing after the first step, per variant, and B over A.
+"""Variants of one run config through every service (the path `make run` takes), one after the other on the same
+machine: the median of each step timing after the first step, per variant, and each over the first variant.
 
     .venv/bin/python bench/step_ab.py --config deploy/configs/vs_trl_arithmetic.toml --steps 10 \\
-        --a rollout.cpu_onednn=true --b rollout.cpu_onednn=false --out bench/results/cpu_refit_inplace.json
+        --variant base: --variant plain:rollout.cpu_onednn=false --out bench/results/step_ab_cpu.json
 
-Each variant runs --rounds times, alternating (A B A B ...), so a slow spell of the machine falls on both. The
-SmolLM2 configs need `make model NAME=smollm2-135m-instruct` first.
+A variant is NAME:OVERRIDES (space-separated dotted overrides, none for the config as it is). Each runs --rounds
+times, the variants alternating, so a slow spell of the machine falls on all. The SmolLM2 configs need
+`make model NAME=smollm2-135m-instruct` first.
 """
 
 from __future__ import annotations
@@ -57,23 +58,25 @@ def main() -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--a", nargs="*", default=[], help="overrides of variant A")
-    parser.add_argument("--b", nargs="*", default=[], help="overrides of variant B")
+    parser.add_argument("--variant", action="append", required=True, help="NAME:OVERRIDES; the first is the base")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    variants = {name: overrides.split() for name, _, overrides in (v.partition(":") for v in args.variant)}
     base = [f"run.num_steps={args.steps}", "run.train_minutes=0", "run.eval_every=0", "run.save_every=0"]
     work = Path(tempfile.mkdtemp(prefix="step-ab-"))
-    steps: dict[str, list[dict]] = {"a": [], "b": []}
+    steps: dict[str, list[dict]] = {name: [] for name in variants}
     for i in range(args.rounds):
-        for side in ("a", "b"):
-            steps[side] += run(Path(args.config), [*base, *getattr(args, side)], work, f"{side}{i}")
-            print(side, i, medians(steps[side]), flush=True)
-    a, b = medians(steps["a"]), medians(steps["b"])
+        for name, overrides in variants.items():
+            steps[name] += run(Path(args.config), [*base, *overrides], work, f"{name}{i}")
+            print(name, i, medians(steps[name]), flush=True)
+    median = {name: medians(rows) for name, rows in steps.items()}
+    first = median[next(iter(variants))]
     result = {
         "config": args.config,
-        "a": {"overrides": args.a, "median": a},
-        "b": {"overrides": args.b, "median": b},
-        "b_over_a": {k: round(b[k] / a[k], 3) for k in a if k in b and a[k]},
+        "variants": {name: {"overrides": variants[name], "median": m} for name, m in median.items()},
+        "over_first": {
+            name: {k: round(m[k] / first[k], 3) for k in first if k in m and first[k]} for name, m in median.items()
+        },
         "steps_per_variant": args.steps * args.rounds,
         "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",

@@ -152,7 +152,7 @@ def main() -> int:
         report_to=[],
         seed=run.seed,
         use_cpu=True,
-        bf16=False,
+        bf16=cfg.trainer.dtype == "bfloat16",  # autocast, fp32 master weights: as our trainer.dtype
         disable_tqdm=True,
     )
     trainer = trl.GRPOTrainer(
