@@ -81,11 +81,12 @@ class VllmEngine:
         check_vllm(*installed_vllm(), has_cuda=on_gpu)
         from vllm import LLM
 
-        if not on_gpu and not cfg.cpu_onednn:
-            # Read once per Linear when the weights are loaded: False sends them to torch's linear, unpacked.
+        if not on_gpu:
+            # vLLM's own test, read once per Linear when the weights load: False sends them to torch's linear,
+            # unpacked. Set either way, so an earlier engine of this process leaves no trace.
             import vllm._custom_ops as ops
 
-            ops._supports_onednn = False
+            ops._supports_onednn = cfg.cpu_onednn and hasattr(torch.ops._C, "create_onednn_mm_handler")
 
         args = engine_args(cfg, on_gpu)
         self.dtype = getattr(torch, args["dtype"])
