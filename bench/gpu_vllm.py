@@ -6,11 +6,12 @@ Each variant is `make run`'s launcher (deploy.local) with a Qwen2-1.5B-shaped ra
 12 heads, 2 KV heads, intermediate 8960; the char vocabulary makes it 1.31B parameters), an FSDP2 trainer on one
 rank (bf16 compute over fp32 masters) and one rollout worker on the same GPU, CUDA IPC refit: `vllm`
 (rollout.gpu.sleep_level=0: the engine keeps its memory), `vllm_sleep` (sleep_level=1: weights offloaded and KV
-cache freed while the trainer trains), `hf` (rollout.engine=hf) and `vllm_fp32_trainer` (`vllm` with the trainer
-computing in fp32). It writes the seeds' table per step of each, the refit's seconds per GB (services included,
-verified), the engine's own load time from its log, peak memory (the trainer's per step; the GPU's from
-nvidia-smi), and, from --rollout-json (bench/rollout.py on the same machine), raw vLLM tokens/s and the service's
-share of it. Writes bench/results/gpu_vllm.json (or --out) after every variant.
+cache freed while the trainer trains), `hf` (rollout.engine=hf), `vllm_fp32_trainer` (`vllm` with the trainer
+computing in fp32) and `vllm_bf16_head` (`vllm` with the lm_head in bf16 on both sides, model.lm_head_fp32=false).
+It writes the seeds' table per step of each, the refit's seconds per GB (services included, verified), the
+engine's own load time from its log, peak memory (the trainer's per step; the GPU's from nvidia-smi), and, from
+--rollout-json (bench/rollout.py on the same machine), raw vLLM tokens/s and the service's share of it. Writes
+bench/results/gpu_vllm.json (or --out) after every variant.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ VARIANTS = {
     "hf": ["rollout.engine=hf"],
     # The trainer computing in fp32 (the config's default) against vLLM's bf16: the mismatch floor of the engine.
     "vllm_fp32_trainer": ["rollout.engine=vllm", 'trainer.dtype="float32"'],
+    # `vllm` with both sides' lm_head in bf16 (model.lm_head_fp32=false): the mismatch that fp32 logits remove.
+    "vllm_bf16_head": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "model.lm_head_fp32=false"],
 }
 APPLIED = re.compile(
     r"version (\d+) applied in ([\d.]+)s: received and verified ([\d.]+)s, waited for the engine ([\d.]+)s, "

@@ -4,14 +4,16 @@ against the raw engine on the same prompts, in the same run.
     .venv/bin/python bench/rollout.py           # SmolLM2-135M-Instruct; writes bench/results/rollout_cpu.json
     .venv/bin/python bench/rollout.py --smoke   # tiny random model, seconds; writes /tmp/rollout_smoke.json
 
-The service side: Redis, weightsync (the worker registers with it) and one rollout worker are started as processes,
-the worker is warmed up with the whole workload once (so kernels compiled for its shapes, on GPU the sampler's
-Triton ones, are not timed), then every prompt is enqueued at once and timed until its last group is back,
---repeats times (8: on the H200 single passes of the same batch moved between 2.5 and 3.6 s). The raw side: the
-same engine class in this process, after the worker has stopped (so the two never share the cores), warmed up the
-same way, then one generate call of the same requests per repeat. Each side's median pass is reported, and the
-worker's own log of each batch (generation, decoding and rewards, publishing). Every sample runs to max_tokens
-(ignore_eos), so both sides generate exactly the same number of tokens.
+The service side: Redis, weightsync (the worker registers with it) and one rollout worker are started as processes.
+The raw side: the same engine class in this process, beside the idle worker (on a GPU each takes its own
+--gpu-memory-utilization). Each is warmed up with the whole workload once (so kernels compiled for its shapes, on GPU
+the sampler's Triton ones, are not timed); then the two take turns, --repeats times (8: on the H200 single passes of
+the same batch moved between 2.5 and 3.6 s): every prompt enqueued at once and timed until its last group is back,
+then one generate call of the same requests in this process. Taking turns puts a slow spell of the machine on both
+sides (passes timed apart, one side after the other, gave ratios from 0.56 to 1.03 on the H200). Each side's median
+pass is reported, the median of the per-turn ratios, and the worker's own log of each batch (generation, decoding and
+rewards, publishing). Every sample runs to max_tokens (ignore_eos), so both sides generate exactly the same number of
+tokens.
 """
 
 from __future__ import annotations
@@ -69,7 +71,10 @@ def _pass(work: list[queue_pb2.PromptWork], n: int) -> list[queue_pb2.PromptWork
     return out
 
 
-def _service_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path, repeats: int) -> tuple[float, float]:
+def _interleaved(
+    cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path, repeats: int
+) -> tuple[list[float], list[float], int, list[str]]:
+    """Seconds of each service pass and each raw pass, taking turns; the tokens of one pass; the worker's batch log."""
     from deploy.placement.ports import fill_blanks
     from deploy.procs import check_alive, spawn, stop_all
     from services.common.grpcio import wait_healthy
@@ -89,17 +94,23 @@ def _service_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], tmp: Path, 
         queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
         queue.ensure_group()
         _run(queue, _pass(work, 0), lambda: check_alive(services), timeout_s=1800)  # start-up, compiles
-        passes = []
+        engine, requests = _raw_engine(cfg, work)
+        engine.generate(requests)  # warm-up, as the service's
+        service_s, raw_s = [], []
         for n in range(1, repeats + 1):
             start = time.perf_counter()
             groups = _run(queue, _pass(work, n), lambda: check_alive(services), timeout_s=1800)
-            passes.append(time.perf_counter() - start)
+            service_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            samples = engine.generate(requests)
+            raw_s.append(time.perf_counter() - start)
         tokens = sum(len(t.response_ids) for g in groups for t in g.trajectories)
-        seconds = statistics.median(passes)
+        raw_tokens = sum(len(s.token_ids) for group in samples for s in group)
+        assert tokens == raw_tokens, f"service generated {tokens} tokens, raw {raw_tokens}"
         # The worker's own account of each engine batch: where the service's time went besides generation.
         log = (tmp / "logs" / "rollout-0.log").read_text(errors="replace").splitlines()
-        print("\n".join(line for line in log if "sequences):" in line), flush=True)
-        return tokens / seconds, seconds
+        batches = [line.split(" INFO ", 1)[-1] for line in log if "sequences):" in line]
+        return service_s, raw_s, tokens, batches
     finally:
         stop_all(services)
         redis_proc.terminate()
@@ -124,21 +135,12 @@ def _run(queue, work: list[queue_pb2.PromptWork], check_alive, timeout_s: float)
     return list(got.values())
 
 
-def _raw_tokps(cfg: RunConfig, work: list[queue_pb2.PromptWork], repeats: int) -> tuple[float, float]:
+def _raw_engine(cfg: RunConfig, work: list[queue_pb2.PromptWork]):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_GiB))
     from services.rollout.engine import Request, make_engine
 
-    engine = make_engine(cfg.rollout, cfg.model.path, seed=cfg.run.seed)
-    requests = [Request(list(w.prompt_ids), w.num_samples, w.sampling) for w in work]
-    engine.generate(requests)  # warm-up, as the service's
-    passes = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        samples = engine.generate(requests)
-        passes.append(time.perf_counter() - start)
-    seconds = statistics.median(passes)
-    tokens = sum(len(s.token_ids) for group in samples for s in group)
-    return tokens / seconds, seconds
+    engine = make_engine(cfg.rollout, cfg.model.path, cfg.run.seed, cfg.model.lm_head_fp32)
+    return engine, [Request(list(w.prompt_ids), w.num_samples, w.sampling) for w in work]
 
 
 def _machine() -> str:
@@ -197,15 +199,19 @@ def main() -> int:
         overrides.append(f'model.path="{build_model("smollm2-135m-instruct", REPO / "runs" / "models")}"')
     cfg = load_config(None, overrides)
     work = _requests(cfg, args.prompts, args.samples, args.max_tokens)
-    service_tokps, service_s = _service_tokps(cfg, work, tmp, args.repeats)
-    raw_tokps, raw_s = _raw_tokps(cfg, work, args.repeats)
+    service_passes, raw_passes, tokens, batches = _interleaved(cfg, work, tmp, args.repeats)
+    service_s, raw_s = statistics.median(service_passes), statistics.median(raw_passes)
     result = {
-        "service_over_raw_tokps": service_tokps / raw_tokps,
-        "raw_tokps": raw_tokps,
-        "service_tokps": service_tokps,
+        "service_over_raw_tokps": raw_s / service_s,
+        "service_over_raw_per_turn_median": statistics.median(r / s for s, r in zip(service_passes, raw_passes)),
+        "raw_tokps": tokens / raw_s,
+        "service_tokps": tokens / service_s,
         "service_s": service_s,
         "raw_s": raw_s,
-        "tokens": args.prompts * args.samples * args.max_tokens,
+        "service_passes_s": [round(x, 4) for x in service_passes],
+        "raw_passes_s": [round(x, 4) for x in raw_passes],
+        "worker_batches": batches,
+        "tokens": tokens,
         "prompts": args.prompts,
         "samples_per_prompt": args.samples,
         "max_tokens": args.max_tokens,

@@ -11,12 +11,16 @@ from .vllm_ext import copy_into
 
 
 class HFEngine:
-    def __init__(self, model_path: str, seed: int):
+    def __init__(self, model_path: str, seed: int, lm_head_fp32: bool = True):
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
+        if lm_head_fp32 and self.dtype != torch.float32:  # as the trainer's head (model.lm_head_fp32)
+            from services.common.lm_head import install_fp32_lm_head
+
+            install_fp32_lm_head(self.model)
         # Views of the parameters by HF name, built once: refits copy into them in place, and walking the
         # module tree for a state dict on every refit cost milliseconds (hundreds of tensors).
         self._weights = self.model.state_dict()

@@ -24,7 +24,7 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
     stop = stop_event()
     from .engine import make_engine
 
-    engine = make_engine(cfg.rollout, cfg.model.path, seed=cfg.run.seed + worker_index)
+    engine = make_engine(cfg.rollout, cfg.model.path, cfg.run.seed + worker_index, cfg.model.lm_head_fp32)
     worker_id = f"rollout-{worker_index}@{socket.gethostname()}:{os.getpid()}"
     state = EngineState(engine, worker_id, cfg.rollout.engine)
     port = cfg.rollout.grpc_port + worker_index if cfg.rollout.grpc_port else 0

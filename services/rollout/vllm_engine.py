@@ -73,7 +73,7 @@ def engine_args(cfg: RolloutSection, on_gpu: bool) -> dict:
 
 
 class VllmEngine:
-    def __init__(self, model_path: str, seed: int, cfg: RolloutSection):
+    def __init__(self, model_path: str, seed: int, cfg: RolloutSection, lm_head_fp32: bool = True):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         on_gpu = torch.cuda.is_available()
         if not on_gpu and (why := cfg.gpu_options_error("this machine")):
@@ -93,6 +93,10 @@ class VllmEngine:
         self.sleep_level = cfg.gpu.sleep_level if on_gpu else 0
         self.asleep = False
         self.llm = LLM(model=model_path, seed=seed, **args)
+        # The trainer computes its bf16 head in fp32 as well (model.lm_head_fp32): the logprobs then agree.
+        self.lm_head_fp32 = (
+            lm_head_fp32 and self.dtype != torch.float32 and all(self.llm.collective_rpc("fp32_lm_head"))
+        )
 
     def generate(self, requests: list[Request]) -> list[list[Sample]]:
         from vllm import SamplingParams

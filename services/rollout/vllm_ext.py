@@ -76,7 +76,34 @@ def copy_into(views: dict[str, torch.Tensor], named: list[tuple[str, torch.Tenso
     return sum(v.numel() * v.element_size() for v in dsts)
 
 
+class Fp32Head:
+    """An lm_head's quant method whose logits are computed in fp32 from the bf16 hidden states and weights (what
+    model.lm_head_fp32 asks of both sides; vLLM 0.25 honours its own `head_dtype` for pooling models only). The
+    weights stay bf16 in place, so a refit's copy and read-back are unchanged; the embedding lookup is the wrapped
+    method's own."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.nn.functional.linear(x.float(), layer.weight.float(), None if bias is None else bias.float())
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
 class WeightLoaderExtension:
+    def fp32_lm_head(self) -> bool:
+        """Logits in fp32 from here on (model.lm_head_fp32); False where the head is fp32 already or quantized."""
+        head = getattr(self.model_runner.get_model(), "lm_head", None)
+        method = getattr(head, "quant_method", None)
+        if method is None or isinstance(method, Fp32Head) or head.weight.dtype == torch.float32:
+            return False
+        if type(method).__name__ != "UnquantizedEmbeddingMethod":
+            raise ValueError(f"model.lm_head_fp32: the lm_head is {type(method).__name__}, not a plain bf16 one")
+        head.quant_method = Fp32Head(method)
+        return True
+
     def _hf_views(self) -> dict[str, torch.Tensor]:
         views = getattr(self, "_grpo_views", None)
         if views is None:

@@ -13,6 +13,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from services.common.lm_head import install_fp32_lm_head
+
 from .attention import SDPA_VARLEN, register_attention
 from .engine import Engine
 from .head import compile_head, install_packed_logprobs
@@ -46,7 +48,7 @@ def build_engine(cfg: RunConfig, device: torch.device) -> Engine:
     ref = None
     if trainer.loss.kl_beta > 0:
         ref = load_model(cfg.model.path, _DTYPES[trainer.dtype], trainer.fsdp2.attn_implementation)
-    return assemble_engine(policy, ref, trainer, Path(cfg.model.path), device)
+    return assemble_engine(policy, ref, trainer, Path(cfg.model.path), device, cfg.model.lm_head_fp32)
 
 
 def load_model(path: str, dtype: torch.dtype, attn_implementation: str) -> nn.Module:
@@ -58,10 +60,19 @@ def load_model(path: str, dtype: torch.dtype, attn_implementation: str) -> nn.Mo
 
 
 def assemble_engine(
-    model: nn.Module, ref_model: nn.Module | None, cfg: TrainerSection, model_dir: Path, device: torch.device
+    model: nn.Module,
+    ref_model: nn.Module | None,
+    cfg: TrainerSection,
+    model_dir: Path,
+    device: torch.device,
+    lm_head_fp32: bool = True,
 ) -> Engine:
     """Shard already-built fp32 models (the master weights) on a mesh of every rank, then add AdamW."""
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    if lm_head_fp32 and cfg.dtype != "float32":  # in an fp32 run the head is fp32 already
+        for m in (model, ref_model):
+            if m is not None:
+                install_fp32_lm_head(m)
     if cfg.fsdp2.compile_layers:  # before the wrappers: the compiled modules keep their names in the state dict
         compile_layers(model)
         compile_head()

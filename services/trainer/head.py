@@ -37,11 +37,11 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden_RD: Tensor, weight_VD: Tensor, targets_R: Tensor, chunk_tokens: int) -> Tensor:
-        logits_RV = hidden_RD @ weight_VD.t()
+    def forward(ctx, hidden_RD: Tensor, weight_VD: Tensor, targets_R: Tensor, chunk_tokens: int, fp32: bool) -> Tensor:
+        logits_RV = _head_matmul(hidden_RD, weight_VD, fp32)
         logp_R = _logprobs_by_chunk(logits_RV, targets_R, chunk_tokens)
         ctx.save_for_backward(hidden_RD, weight_VD, targets_R, logits_RV)
-        ctx.chunk_tokens = chunk_tokens
+        ctx.chunk_tokens, ctx.fp32 = chunk_tokens, fp32
         return logp_R
 
     @staticmethod
@@ -52,9 +52,15 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         for start in range(0, logits_RV.shape[0], ctx.chunk_tokens):
             span = slice(start, start + ctx.chunk_tokens)
             grad_logits_RV[span] = grad_fn(logits_RV[span], targets_R[span], grad_R[span].float())
-        grad_hidden = grad_logits_RV @ weight_VD if ctx.needs_input_grad[0] else None
-        grad_weight = grad_logits_RV.t() @ hidden_RD if ctx.needs_input_grad[1] else None
-        return grad_hidden, grad_weight, None, None
+        hidden, weight = (hidden_RD.float(), weight_VD.float()) if ctx.fp32 else (hidden_RD, weight_VD)
+        grad_hidden = (grad_logits_RV @ weight).to(hidden_RD.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = (grad_logits_RV.t() @ hidden).to(weight_VD.dtype) if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight, None, None, None
+
+
+def _head_matmul(hidden_RD: Tensor, weight_VD: Tensor, fp32: bool) -> Tensor:
+    """The logits: in the compute dtype, or (fp32) from the same bf16 values accumulated and kept in fp32."""
+    return hidden_RD.float() @ weight_VD.float().t() if fp32 else hidden_RD @ weight_VD.t()
 
 
 def _logprobs_by_chunk(logits_RV: Tensor, targets_R: Tensor, chunk_tokens: int) -> Tensor:
@@ -63,12 +69,15 @@ def _logprobs_by_chunk(logits_RV: Tensor, targets_R: Tensor, chunk_tokens: int) 
     return torch.cat([fn(logits_RV[span], targets_R[span]) for span in spans])
 
 
-def chunked_token_logprobs(hidden_RD: Tensor, weight_VD: Tensor, targets_R: Tensor, chunk_tokens: int) -> Tensor:
-    """fp32 logprob of each target token under softmax(hidden @ weight.T), chunk_tokens rows at a time."""
+def chunked_token_logprobs(
+    hidden_RD: Tensor, weight_VD: Tensor, targets_R: Tensor, chunk_tokens: int, fp32: bool = False
+) -> Tensor:
+    """fp32 logprob of each target token under softmax(hidden @ weight.T), chunk_tokens rows at a time; fp32:
+    the matmul itself in fp32 (model.lm_head_fp32)."""
     assert chunk_tokens > 0, "chunk_tokens must be positive"
     if torch.is_grad_enabled() and (hidden_RD.requires_grad or weight_VD.requires_grad):
-        return _ChunkedTokenLogprobs.apply(hidden_RD, weight_VD, targets_R, chunk_tokens)
-    return _logprobs_by_chunk(hidden_RD @ weight_VD.t(), targets_R, chunk_tokens)
+        return _ChunkedTokenLogprobs.apply(hidden_RD, weight_VD, targets_R, chunk_tokens, fp32)
+    return _logprobs_by_chunk(_head_matmul(hidden_RD, weight_VD, fp32), targets_R, chunk_tokens)
 
 
 def _packed_logprobs(
@@ -79,9 +88,10 @@ def _packed_logprobs(
     softmax(logits / temperature): (hidden / temperature) @ W.T is logits / temperature."""
     hidden_1TD = self.model(input_ids=input_ids_1T, position_ids=position_ids_1T, use_cache=False, **kwargs)[0]
     hidden_RD = hidden_1TD[0, logit_index_R]
+    fp32 = getattr(self.lm_head, "fp32", False)
     if temperature != 1.0:
-        hidden_RD = hidden_RD / temperature
-    return chunked_token_logprobs(hidden_RD, self.lm_head.weight, targets_R, chunk_tokens)
+        hidden_RD = (hidden_RD.float() if fp32 else hidden_RD) / temperature
+    return chunked_token_logprobs(hidden_RD, self.lm_head.weight, targets_R, chunk_tokens, fp32)
 
 
 def install_packed_logprobs(model: nn.Module) -> None:

@@ -83,6 +83,7 @@ def _new_weights(model_dir) -> dict[str, torch.Tensor]:
 
 def test_generation_with_logprobs_through_the_adapter(engine, model_dir):
     assert engine.dtype == torch.bfloat16
+    assert engine.lm_head_fp32  # model.lm_head_fp32 (the default): vLLM's logits computed in fp32, as the trainer's
     model = _hf(model_dir)
     for temperature in (1.0, 0.7):
         d = _diffs(engine, model, temperature)

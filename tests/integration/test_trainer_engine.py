@@ -151,9 +151,10 @@ def _worker(model_dir: str, out: str, names: str = ",".join(CASES)) -> None:
         policy = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)
         ref = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)
         engine = assemble_engine(policy, ref, cfg, Path(model_dir), torch.device("cpu"))
+        engine.full_state_dict(on_device=True)  # the refit's gather takes its references before the step
         metrics = engine.train(seqs, advantages, rollout)
         params[name] = engine.full_state_dict()
-        # The refit's gather (left on the device, cast to the engine's dtype) holds the same values.
+        # The refit's gather (left on the device, cast to the engine's dtype) holds the same values: the step's.
         kept = engine.full_state_dict(on_device=True, dtype=torch.bfloat16)
         if dist.get_rank() == 0:
             results[name] = {"metrics": metrics, "dtypes": sorted({str(t.dtype) for t in params[name].values()})}
