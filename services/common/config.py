@@ -58,10 +58,11 @@ class ModelSection(_Section):
     intermediate_size: int = Field(default=256, ge=16)
     """MLP width of the created model."""
     lm_head_fp32: bool = True
-    """Where the trainer or a GPU engine computes in bf16, the lm_head matmul runs in fp32 on both sides (the bf16
-    inputs and weights, accumulated and kept in fp32): bf16 rounding of the logits is the largest source of the
-    trainer/rollout logprob mismatch, and it only cancels when both sides do it (ScaleRL; MiniMax-M1). No effect
-    where everything is fp32 (the CPU default)."""
+    """Where the FSDP2 trainer or a GPU engine computes in bf16, the lm_head matmul runs in fp32 on both sides (the
+    bf16 inputs and weights, accumulated and kept in fp32): with a real vocabulary bf16 rounding of the logits is
+    reported as the largest source of trainer/rollout logprob mismatch, and it only cancels when both sides do it
+    (ScaleRL; MiniMax-M1). No effect where everything is fp32 (the CPU default); the Megatron trainer keeps its head
+    in its compute dtype."""
 
 
 class TaskSection(_Section):

@@ -190,11 +190,15 @@ def results(tmp_path_factory, tiny_model) -> dict:
 def test_one_rank_accumulates_unsharded_and_matches_the_reference(tmp_path_factory, tiny_model):
     """On one rank the engine skips FSDP's reduce and re-gather between its 3 micro-batches (gradients
     accumulate unsharded); the step is still the unsharded, unpacked one."""
-    got = _run(tmp_path_factory, tiny_model, 1, ["base", "minibatches"])
-    for name, row in got.items():
+    got = _run(tmp_path_factory, tiny_model, 1, ["base", "minibatches", "bf16"])
+    for name in ("base", "minibatches"):
+        row = got[name]
         assert row["param_diff"] < PARAM_TOLERANCE.get(name, 1e-5), (name, row["param_diff"])
         assert row["metrics"]["loss"] == pytest.approx(row["expected"]["loss"], rel=1e-4, abs=1e-6), name
         assert row["on_device_equal"], name  # the one-rank refit gather takes the local shard: the same values
+    # One FSDP2 rank in bf16 (the GPU's path) keeps its layers unsharded after forward: the refit's references,
+    # taken before the step, must still be the fp32 masters the optimizer updated, not the bf16 compute copies.
+    assert got["bf16"]["on_device_equal"]
 
 
 @pytest.mark.parametrize("name", list(AGAINST_REFERENCE))
