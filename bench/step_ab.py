@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -23,6 +21,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from vs_trl import provenance  # noqa: E402 - bench/ is this script's own folder
 
 from services.common.config import dump_toml, load_config  # noqa: E402
 
@@ -78,8 +78,7 @@ def main() -> int:
             name: {k: round(m[k] / first[k], 3) for k in first if k in m and first[k]} for name, m in median.items()
         },
         "steps_per_variant": args.steps * args.rounds,
-        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+        **provenance(),
     }
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

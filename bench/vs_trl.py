@@ -270,8 +270,7 @@ def main() -> int:
         **compare(ours_cfg, trl, ours, run_dir, TARGETS.get(args.task, 0.5)),
         "trl_version": TRL_VERSION,
         "ours_overrides": args.ours_args,
-        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+        **provenance(),
         "trl_raw": trl,
     }
     if args.task == MAIN_TASK:
@@ -285,6 +284,14 @@ def main() -> int:
     plot(saved, out.with_suffix(".png"))
     print(json.dumps({k: v for k, v in result.items() if not k.endswith(("curve", "raw"))}, indent=2))
     return 0
+
+
+def provenance() -> dict[str, str]:
+    """How and where a CPU result file was made: the command as typed from the repository root, and the machine."""
+    return {
+        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+    }
 
 
 def compare_seeds(args: argparse.Namespace) -> int:
@@ -319,8 +326,7 @@ def compare_seeds(args: argparse.Namespace) -> int:
         "curves": {str(s): c for s, c in per_seed.items()},
         "trl_version": TRL_VERSION,
         "ours_overrides": args.ours_args,
-        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+        **provenance(),
     }
     out = Path(args.out or REPO / "bench" / "results" / "vs_trl_seeds.json")
     out.write_text(json.dumps(result, indent=2) + "\n")
