@@ -87,3 +87,22 @@ def test_the_config_offers_exactly_the_registered_transports():
     from services.common.config import WeightsyncSection
 
     assert typing.get_args(WeightsyncSection.model_fields["transport"].annotation) == ("auto", *NAMES)
+
+
+def test_a_cuda_ipc_sender_whose_packing_fails_still_lets_the_receivers_reach_its_commit():
+    """Without "ready" the receivers would wait for bytes until the group's deadline (600 s in the GPU bench) before
+    reading the commit that says the version was aborted."""
+    from services.weightsync.transports.cuda_ipc import CudaIpcTransport
+
+    transport, store = CudaIpcTransport(), dist.HashStore()
+    transport.store = lambda group: store
+    group = types.SimpleNamespace(timeout_s=1, rank=0, world_size=2)
+    transfer = Transfer(group, types.SimpleNamespace(ipc_buffers=[object()]), "refit-1")
+
+    def buckets():
+        raise RuntimeError("packing kernel failed")
+        yield
+
+    with pytest.raises(RuntimeError, match="packing kernel failed"):
+        transport.send(transfer, buckets(), [16], [0])
+    store.wait([f"{transfer.tag}/ready"], datetime.timedelta(seconds=1))  # set, so a receiver's view goes on

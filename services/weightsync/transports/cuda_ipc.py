@@ -107,14 +107,19 @@ class CudaIpcTransport(Transport):
 
     def send(self, transfer: Transfer, buckets: Buckets, sizes: Sequence[int], senders: Sequence[int]) -> None:
         """Pack the whole version into the ring (one buffer per bucket: nothing waits for a reader), then one
-        "ready" for all of it."""
-        _one_sender(senders)
-        if len(transfer.source.ipc_buffers) < len(sizes):
-            raise ValueError(f"cuda_ipc ring of {len(transfer.source.ipc_buffers)} buffers for {len(sizes)} buckets")
-        for _ in buckets:
-            pass
-        torch.cuda.current_stream().synchronize()  # readers in other processes see only finished bytes
-        self.store(transfer.group).set(f"{transfer.tag}/ready", b"1")
+        "ready" for all of it. Where packing fails, "ready" is still set: the receivers go on to the commit,
+        which carries the error, instead of waiting for bytes until the group's deadline."""
+        try:
+            _one_sender(senders)
+            if len(transfer.source.ipc_buffers) < len(sizes):
+                raise ValueError(
+                    f"cuda_ipc ring of {len(transfer.source.ipc_buffers)} buffers for {len(sizes)} buckets"
+                )
+            for _ in buckets:
+                pass
+            torch.cuda.current_stream().synchronize()  # readers in other processes see only finished bytes
+        finally:
+            self.store(transfer.group).set(f"{transfer.tag}/ready", b"1")
 
     def view(self, transfer: Transfer, index: int, nbytes: int) -> torch.Tensor:
         buffers = transfer.source.ipc_buffers
