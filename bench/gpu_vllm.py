@@ -40,6 +40,8 @@ VARIANTS = {
     "vllm_fp32_trainer": ["rollout.engine=vllm", 'trainer.dtype="float32"'],
     # `vllm` with both sides' lm_head in bf16 (model.lm_head_fp32=false): the mismatch that fp32 logits remove.
     "vllm_bf16_head": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "model.lm_head_fp32=false"],
+    # `vllm` with each response packed with its own copy of the prompt (trainer.fsdp2.share_prompts=false).
+    "vllm_unshared": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "trainer.fsdp2.share_prompts=false"],
 }
 APPLIED = re.compile(
     r"version (\d+) applied in ([\d.]+)s: received and verified ([\d.]+)s, waited for the engine ([\d.]+)s, "

@@ -34,7 +34,7 @@ case "${1:-}" in
     python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
     timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vllm_gpu.py tests/unit/test_vllm_adapter.py \
       tests/unit/test_inplace_copy.py tests/unit/test_checksum_kernels.py tests/integration/test_weightsync_gpu.py \
-      tests/gpu/test_gpu_run.py 2>&1 | tee "$OUT/tests.log" | tail -40
+      tests/gpu/test_gpu_run.py tests/unit/test_trainer_packing.py 2>&1 | tee "$OUT/tests.log" | tail -40
     ;&
   rollout)
     make_model

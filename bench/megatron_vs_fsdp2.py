@@ -45,8 +45,7 @@ def megatron_engine(model_dir: Path, args, device, options: dict):
 
     cfg = bt.trainer_config(
         backend="megatron", tensor_parallel=args.tp, num_ranks=dist.get_world_size(),
-        max_tokens_per_microbatch=args.max_tokens, dtype=args.dtype, logprob_chunk_tokens=4096,
-        attn_implementation="sdpa", **options,
+        max_tokens_per_microbatch=args.max_tokens, dtype=args.dtype, logprob_chunk_tokens=4096, **options,
     )  # fmt: skip
     return assemble(cfg, model_dir, device)
 

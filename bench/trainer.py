@@ -63,7 +63,8 @@ TRAINER_DEFAULTS = {
     "memory": {"activation_checkpointing": "off", "logprob_chunk_tokens": 0},
     "fsdp2": {
         "cpu_offload": False, "ref_cpu_offload": False, "attn_implementation": "sdpa_varlen", "flash_varlen": True,
-        "compile_layers": False,
+        # Every sequence whole, as the megatron backend packs them and as the committed GPU results were measured.
+        "share_prompts": False, "compile_layers": False,
     },
     "megatron": {"tensor_parallel": 1, "pipeline_parallel": 1},
 }  # fmt: skip
@@ -97,6 +98,8 @@ def nested(options: dict) -> dict:
             out["loss"]["name"] = value
         else:
             out[key] = value
+    if out["backend"] == "megatron":  # it refuses FSDP2 options other than their defaults
+        out["fsdp2"] = {}
     return out
 
 

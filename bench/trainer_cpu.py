@@ -4,8 +4,8 @@ against the plain transformers loop TRL runs (a padded batch, full logits, torch
     .venv/bin/python bench/trainer_cpu.py                 # writes bench/results/trainer_cpu.json (~5 min)
     .venv/bin/python bench/trainer_cpu.py --smoke         # tiny random model, seconds
 
-The batch is RL-shaped like the head-to-head's: --seqs sequences of a --prompt-token prompt and a response of
---response-tokens on average (uniform within +-50 %), random ids. Each variant runs --reps steps after one
+The batch is RL-shaped like the head-to-head's: --seqs sequences, --samples to a prompt of --prompt-tokens, with a
+response of --response-tokens on average (uniform within +-50 %), random ids. Each variant runs --reps steps after one
 warm-up and reports the median seconds and trained tokens (prompt + response) per second.
 """
 
@@ -31,9 +31,10 @@ sys.path.insert(0, str(REPO))
 from services.trainer.packing import Seq  # noqa: E402
 
 VARIANTS = {
-    "engine_sdpa_mask": {"fsdp2": {"attn_implementation": "sdpa"}},
-    "engine_sdpa_varlen": {"fsdp2": {"attn_implementation": "sdpa_varlen"}},
-    "engine_sdpa_varlen_mb512": {"fsdp2": {"attn_implementation": "sdpa_varlen"}, "max_tokens_per_microbatch": 512},
+    "engine_sdpa_mask": {"fsdp2": {"attn_implementation": "sdpa", "share_prompts": False}},
+    "engine_sdpa_mask_shared": {"fsdp2": {"attn_implementation": "sdpa"}},
+    "engine_sdpa_varlen": {"fsdp2": {"attn_implementation": "sdpa_varlen", "share_prompts": False}},
+    "engine_sdpa_varlen_shared": {"fsdp2": {"attn_implementation": "sdpa_varlen"}},
 }
 
 
@@ -41,10 +42,10 @@ def batch(args, vocab: int) -> tuple[list[Seq], list[float], list[list[float]]]:
     rng = random.Random(0)
     seqs, adv, roll = [], [], []
     for i in range(args.seqs):
+        if i % args.samples == 0:
+            prompt = [rng.randrange(vocab) for _ in range(args.prompt_tokens)]
         n = rng.randint(args.response_tokens // 2, args.response_tokens * 3 // 2)
-        seqs.append(
-            Seq([rng.randrange(vocab) for _ in range(args.prompt_tokens)], [rng.randrange(vocab) for _ in range(n)])
-        )
+        seqs.append(Seq(prompt, [rng.randrange(vocab) for _ in range(n)]))
         adv.append(1.0 if i % 2 else -1.0)
         roll.append([-2.0] * n)
     return seqs, adv, roll
@@ -98,6 +99,7 @@ def naive_step(model_dir: Path, data, reps: int) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqs", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=4, help="responses to each prompt (a GRPO group)")
     parser.add_argument("--prompt-tokens", type=int, default=45)
     parser.add_argument("--response-tokens", type=int, default=28)
     parser.add_argument("--reps", type=int, default=3)

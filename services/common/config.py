@@ -268,13 +268,18 @@ class Fsdp2Section(_Section):
     CPUOffloadPolicy); the optimizer then steps on the CPU."""
     ref_cpu_offload: bool = False
     """Keep the reference model's shards in CPU memory, moved to the device one layer at a time."""
-    attn_implementation: Literal["sdpa", "sdpa_varlen", "flex_attention"] = "sdpa"
-    """Attention over packed rows: sdpa (transformers builds a block-causal mask from the position ids), sdpa_varlen
-    (one causal sdpa call per packed sequence: no mask, no cross-sequence FLOPs; best on GPU), flex_attention
-    (block-sparse mask; compiled on first use, GPU). The megatron backend always runs its packed flash attention."""
+    attn_implementation: Literal["sdpa", "sdpa_varlen", "flex_attention"] = "sdpa_varlen"
+    """Attention over packed rows: sdpa_varlen (one causal sdpa call per packed block: no T x T mask, no cross-sequence
+    FLOPs; 1.4x transformers' sdpa on a CPU training step of 16 sequences, bench/results/trainer_cpu.json), sdpa
+    (transformers builds a T x T block-causal mask from the position ids), flex_attention (block-sparse mask; compiled
+    on first use, GPU). The megatron backend always runs its packed flash attention."""
     flash_varlen: bool = True
     """With sdpa_varlen on CUDA in bf16: one flash-attention varlen call per packed row (cu_seqlens) instead of
     one sdpa call per sequence; on CPU, or in fp32, sdpa_varlen always calls sdpa per sequence."""
+    share_prompts: bool = True
+    """Responses to the same prompt (a GRPO group) share one copy of its tokens in a packed row: the prompt's forward
+    and backward run once per group instead of once per response, the same logprobs and gradients up to float
+    summation order. With sdpa and sdpa_varlen (a mask per shared block); flex_attention packs every sequence whole."""
     compile_layers: bool = False
     """torch.compile (dynamic shapes) every decoder layer's RMSNorms and MLP and the fused head's softmax math,
     fusing their pointwise ops; GPU (CPU needs a C++ compiler and compiles slowly)."""

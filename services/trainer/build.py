@@ -68,6 +68,15 @@ def assemble_engine(
     lm_head_fp32: bool = True,
 ) -> Engine:
     """Shard already-built fp32 models (the master weights) on a mesh of every rank, then add AdamW."""
+    for m in (model, ref_model):
+        # The engine's packed rows carry their attention layout in the kwargs of cfg's implementation; a model
+        # built with another one would ignore them and attend across the row's sequences.
+        loaded = getattr(m.config, "_attn_implementation", None) if m is not None else cfg.fsdp2.attn_implementation
+        if loaded != cfg.fsdp2.attn_implementation:
+            raise ValueError(
+                f"the model was built with attn_implementation={loaded!r} but trainer.fsdp2.attn_implementation is "
+                f"{cfg.fsdp2.attn_implementation!r}: load it with build.load_model(path, dtype, that implementation)"
+            )
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     if lm_head_fp32 and cfg.dtype != "float32":  # in an fp32 run the head is fp32 already
         for m in (model, ref_model):

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from services.weightsync.kernels.checksum import tensor_checksum
 
 from . import checkpoint
-from .attention import SDPA_VARLEN
+from .attention import SDPA_VARLEN, block_masks, row_mask, shared_flash_layout
 from .losses import mult_prob_error, token_logprobs, token_logprobs_and_entropy
 from .objective import TokenInputs, loss_weights, token_objective
 from .packing import Packed, Seq, plan, response_offsets
@@ -208,7 +208,7 @@ class Engine:
     def _plan(self, seqs: list[Seq]) -> list[list[Packed | None]]:
         # FSDP2 gathers each layer's weights with a collective in every forward and backward, so all
         # ranks must run the same number of micro-batches: the short ranks pad with None (a dummy pass).
-        plans = plan(seqs, self.world, self.cfg.max_tokens_per_microbatch)
+        plans = plan(seqs, self.world, self.cfg.max_tokens_per_microbatch, self._share_prompts)
         num_steps = max(len(p) for p in plans)
         return [p + [None] * (num_steps - len(p)) for p in plans]
 
@@ -258,10 +258,32 @@ class Engine:
             return token_logprobs_and_entropy(logits_1RV[0], targets_R)
         return token_logprobs(logits_1RV[0], targets_R), None
 
+    @property
+    def _share_prompts(self) -> bool:
+        """Responses to one prompt share its tokens in a row: the attention paths that take a per-block mask."""
+        return self.cfg.fsdp2.share_prompts and self.cfg.fsdp2.attn_implementation in ("sdpa", SDPA_VARLEN)
+
     def _packed_attention_kwargs(self, mb: Packed) -> dict:
-        if self.cfg.fsdp2.attn_implementation != SDPA_VARLEN:
+        impl = self.cfg.fsdp2.attn_implementation
+        if impl == "sdpa":  # transformers' block-causal mask from the position ids cannot say "shared prompt"
+            return (
+                {"attention_mask": row_mask(mb.seq_lens, mb.block_responses).to(self.device)}
+                if mb.shares_prompts
+                else {}
+            )
+        if impl != SDPA_VARLEN:
             return {}
-        if not (self.cfg.fsdp2.flash_varlen and self.device.type == "cuda"):
+        flash = self.cfg.fsdp2.flash_varlen and self.device.type == "cuda"
+        if mb.shares_prompts:
+            masks = block_masks(mb.seq_lens, mb.block_responses)
+            out = {
+                "packed_seq_lens": mb.seq_lens,
+                "packed_block_masks": [m if m is None else m.to(self.device) for m in masks],
+            }
+            if flash:
+                out["packed_shared_flash"] = shared_flash_layout(mb.seq_lens, mb.block_responses).to(self.device)
+            return out
+        if not flash:
             return {"packed_seq_lens": mb.seq_lens}
         cu_seqlens = torch.tensor([0, *itertools.accumulate(mb.seq_lens)], dtype=torch.int32)
         return {"packed_seq_lens": mb.seq_lens, "packed_cu_seqlens": cu_seqlens.to(self.device)}

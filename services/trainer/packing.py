@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,11 @@ class Seq:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
+Unit = tuple[int, ...]
+"""Batch indices of the sequences of one attention block: one sequence, or several with the same prompt ids
+(share_prompts), whose prompt then appears once in the row, followed by each response."""
+
+
 @dataclass(frozen=True, slots=True)
 class Packed:
     """One micro-batch packed into a single row of T tokens holding R response tokens.
@@ -32,9 +38,10 @@ class Packed:
     """Batch indices of the sequences in this row, in row order."""
     input_ids_1T: Tensor
     position_ids_1T: Tensor
-    """Restart at 0 for each sequence, which is what makes attention block-diagonal."""
+    """Restart at 0 for each block; a shared block's responses each continue from the prompt's end."""
     logit_index_R: Tensor
-    """Row positions whose logits predict the response tokens."""
+    """Row positions whose logits predict the response tokens (a shared prompt's last position predicts the
+    first token of each of its responses)."""
     targets_R: Tensor
     """The response token ids, in the flat layout's order."""
     token_index_R: Tensor
@@ -42,7 +49,15 @@ class Packed:
     segment_R: Tensor
     """Row-local sequence index (0 .. len(seq_indices) - 1) of each response token."""
     seq_lens: tuple[int, ...]
-    """Tokens (prompt + response) of each sequence in the row, in row order; they sum to T."""
+    """Tokens of each attention block of the row, in row order; they sum to T. Without shared prompts a block is
+    one sequence (prompt + response)."""
+    block_responses: tuple[tuple[int, ...], ...]
+    """Response lengths of each block, in row order: one entry for a block of one sequence (plain causal
+    attention); several for a shared prompt, each response attending to the prompt and to itself only."""
+
+    @property
+    def shares_prompts(self) -> bool:
+        return any(len(r) > 1 for r in self.block_responses)
 
 
 def response_offsets(seqs: list[Seq]) -> list[int]:
@@ -83,38 +98,85 @@ def split_microbatches(indices: list[int], lengths: list[int], max_tokens: int) 
     return [sorted(b) for b in bins]
 
 
-def pack(seqs: list[Seq], seq_indices: list[int], offsets: list[int]) -> Packed:
-    """Concatenate the chosen sequences into one row; response token j of a sequence with prompt
-    length P is predicted by the logits at row position start + P + j - 1."""
-    ids, pos, logit_index, token_index, segment = [], [], [], [], []
+def unit_tokens(seqs: list[Seq], unit: Unit) -> int:
+    """Row tokens of a block: its prompt once, then every response."""
+    return len(seqs[unit[0]].prompt_ids) + sum(len(seqs[i].response_ids) for i in unit)
+
+
+def shared_units(seqs: list[Seq], world: int, max_tokens: int) -> list[Unit]:
+    """The batch's sequences grouped by identical prompt ids, each group cut to blocks of at most max_tokens
+    tokens; while ranks outnumber blocks, the largest block is halved, so no rank idles that sharing emptied.
+
+    Sharing is exact: a prompt's hidden states do not depend on what follows it, so computing them once for
+    all its responses gives the same logprobs and gradients (up to float summation order) in fewer FLOPs.
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(seqs):
+        groups.setdefault(tuple(s.prompt_ids), []).append(i)
+    units: list[Unit] = []
+    for members in groups.values():
+        block: list[int] = []
+        for i in members:
+            if block and unit_tokens(seqs, (*block, i)) > max_tokens:
+                units.append(tuple(block))
+                block = []
+            block.append(i)
+        units.append(tuple(block))
+    while len(units) < world and any(len(u) > 1 for u in units):
+        big = max((u for u in units if len(u) > 1), key=lambda u: (unit_tokens(seqs, u), -u[0]))
+        units.remove(big)
+        units += [big[: len(big) // 2], big[len(big) // 2 :]]
+    return sorted(units)
+
+
+def pack(seqs: list[Seq], units: Sequence[Unit], offsets: list[int]) -> Packed:
+    """Concatenate the chosen blocks into one row. In a block of prompt length P, token j > 0 of a response
+    starting at row position c is predicted by the logits at c + j - 1, its token 0 by the prompt's last
+    position (start + P - 1): for a block of one sequence that is position start + P + j - 1 throughout."""
+    ids, pos, logit_index, token_index, segment, order = [], [], [], [], [], []
+    block_lens, block_responses = [], []
     start = 0
-    for local, i in enumerate(seq_indices):
-        s = seqs[i]
-        ids.extend(s.prompt_ids + s.response_ids)
-        pos.extend(range(s.num_tokens))
-        first = start + len(s.prompt_ids) - 1
-        logit_index.extend(range(first, first + len(s.response_ids)))
-        token_index.extend(range(offsets[i], offsets[i + 1]))
-        segment.extend([local] * len(s.response_ids))
-        start += s.num_tokens
-    targets = [t for i in seq_indices for t in seqs[i].response_ids]
+    for unit in units:
+        prompt = seqs[unit[0]].prompt_ids
+        assert all(seqs[i].prompt_ids == prompt for i in unit), "a block's sequences must share their prompt"
+        ids.extend(prompt)
+        pos.extend(range(len(prompt)))
+        cursor = start + len(prompt)
+        for i in unit:
+            response = seqs[i].response_ids
+            ids.extend(response)
+            pos.extend(range(len(prompt), len(prompt) + len(response)))
+            if response:
+                logit_index.append(start + len(prompt) - 1)
+                logit_index.extend(range(cursor, cursor + len(response) - 1))
+            token_index.extend(range(offsets[i], offsets[i + 1]))
+            segment.extend([len(order)] * len(response))
+            order.append(i)
+            cursor += len(response)
+        block_lens.append(cursor - start)
+        block_responses.append(tuple(len(seqs[i].response_ids) for i in unit))
+        start = cursor
+    targets = [t for i in order for t in seqs[i].response_ids]
     return Packed(
-        seq_indices=list(seq_indices),
+        seq_indices=order,
         input_ids_1T=torch.tensor([ids], dtype=torch.long),
         position_ids_1T=torch.tensor([pos], dtype=torch.long),
         logit_index_R=torch.tensor(logit_index, dtype=torch.long),
         targets_R=torch.tensor(targets, dtype=torch.long),
         token_index_R=torch.tensor(token_index, dtype=torch.long),
         segment_R=torch.tensor(segment, dtype=torch.long),
-        seq_lens=tuple(seqs[i].num_tokens for i in seq_indices),
+        seq_lens=tuple(block_lens),
+        block_responses=tuple(block_responses),
     )
 
 
-def plan(seqs: list[Seq], world: int, max_tokens: int) -> list[list[Packed]]:
-    """Packed micro-batches of every rank (each rank computes all of it and keeps its own row)."""
-    lengths = [s.num_tokens for s in seqs]
+def plan(seqs: list[Seq], world: int, max_tokens: int, share_prompts: bool = False) -> list[list[Packed]]:
+    """Packed micro-batches of every rank (each rank computes all of it and keeps its own row); share_prompts:
+    sequences with the same prompt share one copy of it (shared_units)."""
+    units = shared_units(seqs, world, max_tokens) if share_prompts else [(i,) for i in range(len(seqs))]
+    lengths = [unit_tokens(seqs, u) for u in units]
     offsets = response_offsets(seqs)
     return [
-        [pack(seqs, mb, offsets) for mb in split_microbatches(indices, lengths, max_tokens)]
+        [pack(seqs, [units[u] for u in mb], offsets) for mb in split_microbatches(indices, lengths, max_tokens)]
         for indices in split_ranks(lengths, world)
     ]

@@ -1,7 +1,7 @@
-"""The engine's options under torchrun (2 gloo ranks): activation checkpointing, offload, sdpa_varlen, the
-fused logprob head and bf16 against the plain fp32 step, and the GSPO / Dr.GRPO / IS / entropy / k1
-objectives against an unsharded, unpacked single-process step. Run as a script, this file is the worker
-of every rank."""
+"""The engine's options under torchrun (2 gloo ranks): activation checkpointing, offload, transformers' sdpa
+mask, unshared prompts, the fused logprob head and bf16 against the default fp32 step, and the GSPO / Dr.GRPO /
+IS / entropy / k1 objectives against an unsharded, unpacked single-process step. Run as a script, this file is
+the worker of every rank."""
 
 import json
 import math
@@ -19,13 +19,22 @@ SAME_AS_BASE = {
     "ac_layer": {"memory": {"activation_checkpointing": "layer"}},
     "ac_selective": {"memory": {"activation_checkpointing": "selective"}},
     "offload": {"fsdp2": {"cpu_offload": True, "ref_cpu_offload": True}},
-    "sdpa_varlen": {"fsdp2": {"attn_implementation": "sdpa_varlen"}},
+    "sdpa_mask": {"fsdp2": {"attn_implementation": "sdpa"}},
+    "unshared_prompts": {"fsdp2": {"share_prompts": False}},
     "chunked_logprobs": {"memory": {"logprob_chunk_tokens": 3}},
 }
-# Recomputation and offload redo the same ops in the same order: bit-identical. Per-sequence attention
-# sums in another order, and AdamW's normalisation lifts that float noise to ~1e-6 in the parameters.
+# Recomputation and offload redo the same ops in the same order: bit-identical. Masked attention over the
+# whole row sums in another order, and AdamW's normalisation lifts that float noise to ~1e-6 in the parameters.
 # The fused head's logsumexp rounds differently from log_softmax: the same ~1e-6 after AdamW.
-TOLERANCE = {"ac_layer": 0.0, "ac_selective": 0.0, "offload": 0.0, "sdpa_varlen": 1e-5, "chunked_logprobs": 1e-5}
+# A shared prompt's attention runs under a mask: the same float noise.
+TOLERANCE = {
+    "ac_layer": 0.0,
+    "ac_selective": 0.0,
+    "offload": 0.0,
+    "sdpa_mask": 1e-5,
+    "unshared_prompts": 1e-5,
+    "chunked_logprobs": 1e-5,
+}
 AGAINST_REFERENCE = {
     "base": {},
     "gspo_sequence_is": {
@@ -61,12 +70,13 @@ def _fields(name: str) -> dict:
 def _batch(vocab: int):
     from services.trainer.packing import Seq
 
-    # 16 + 8 + 8 + 8 tokens with 16 per micro-batch: rank 0 runs two micro-batches, rank 1 one.
+    # Sequences 1 and 2 answer one prompt: with share_prompts their block is 3 + 5 + 5 tokens, so with 16 per
+    # micro-batch rank 0 runs one micro-batch (16 tokens), rank 1 two (13 and 8); unshared, 16 + 8 + 8 + 8.
     rng = random.Random(0)
-    shapes = [(6, 10, 1.0), (3, 5, -0.5), (4, 4, 0.25), (2, 6, -1.0)]
-    seqs = [
-        Seq([rng.randrange(vocab) for _ in range(p)], [rng.randrange(vocab) for _ in range(r)]) for p, r, _ in shapes
-    ]
+    shapes = [(6, 10, 1.0), (3, 5, -0.5), (3, 5, 0.25), (2, 6, -1.0)]
+    prompts = [[rng.randrange(vocab) for _ in range(p)] for p, _, _ in shapes]
+    prompts[2] = prompts[1]
+    seqs = [Seq(prompt, [rng.randrange(vocab) for _ in range(r)]) for prompt, (_, r, _) in zip(prompts, shapes)]
     rollout = [[-rng.uniform(4.0, 4.6) for _ in range(r)] for _, r, _ in shapes]
     return seqs, [a for _, _, a in shapes], rollout
 

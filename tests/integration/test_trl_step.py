@@ -45,7 +45,7 @@ def _ours(model_dir: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     cfg = TrainerSection(num_ranks=1, loss={"name": "dapo"}, max_grad_norm=1e9, max_tokens_per_microbatch=32)
-    policy = load_model(model_dir, torch.float32, "sdpa")
+    policy = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)
     engine = assemble_engine(policy, None, cfg, Path(model_dir), torch.device("cpu"))
     engine.optimizer = torch.optim.SGD(engine.model.parameters(), lr=1.0)
     before = {k: v.clone() for k, v in engine.full_state_dict().items()}  # views of the live tensors

@@ -5,12 +5,12 @@ import random
 from services.trainer.packing import Seq
 
 
-def random_seqs(num: int, seed: int, vocab: int) -> list[Seq]:
+def random_seqs(num: int, seed: int, vocab: int, samples: int = 1) -> list[Seq]:
+    """num sequences; each run of `samples` consecutive ones shares its prompt (a GRPO group)."""
     rng = random.Random(seed)
-    return [
-        Seq(
-            [rng.randrange(vocab) for _ in range(rng.randint(1, 9))],
-            [rng.randrange(vocab) for _ in range(rng.randint(1, 9))],
-        )
-        for _ in range(num)
-    ]
+    seqs = []
+    for i in range(num):
+        if i % samples == 0:
+            prompt = [rng.randrange(vocab) for _ in range(rng.randint(1, 9))]
+        seqs.append(Seq(prompt, [rng.randrange(vocab) for _ in range(rng.randint(1, 9))]))
+    return seqs

@@ -139,7 +139,7 @@ def test_trainer_loss_as_a_string_is_the_loss_name_with_or_without_a_loss_table(
 def test_an_option_of_the_other_backend_fails_naming_it():
     megatron = ["trainer.backend=megatron", "trainer.dtype=bfloat16"]
     assert load_config(None, [*megatron, "trainer.megatron.tensor_parallel=2"]).trainer.megatron.tensor_parallel == 2
-    for option in ("trainer.fsdp2.cpu_offload=true", "trainer.fsdp2.attn_implementation=sdpa_varlen"):
+    for option in ("trainer.fsdp2.cpu_offload=true", "trainer.fsdp2.attn_implementation=sdpa"):
         with pytest.raises(ConfigError, match=rf"{option.split('=')[0]} is an FSDP2 option"):
             load_config(None, [*megatron, option])
     with pytest.raises(ConfigError, match=r"trainer.megatron.pipeline_parallel is a Megatron option"):

@@ -15,7 +15,7 @@ def test_defaults_are_the_original_trainer():
     assert (loss.name, loss.kl_estimator, loss.importance_sampling, loss.entropy_coef) == ("grpo", "k3", "off", 0.0)
     fsdp2 = cfg.fsdp2
     memory = (cfg.dtype, cfg.memory.activation_checkpointing, fsdp2.cpu_offload, fsdp2.ref_cpu_offload)
-    assert (*memory, fsdp2.attn_implementation) == ("float32", "off", False, False, "sdpa")
+    assert (*memory, fsdp2.attn_implementation) == ("float32", "off", False, False, "sdpa_varlen")
 
 
 @pytest.mark.parametrize(

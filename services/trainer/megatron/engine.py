@@ -52,7 +52,7 @@ class MegatronEngine(Engine):
         self.writer = self.last_stage and ps.get_tensor_model_parallel_rank() == 0
         self.chunk = cfg.memory.logprob_chunk_tokens or _DEFAULT_CHUNK
         self.dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
-        self._dummy = pack([Seq([0], [0])], [0], [0, 1])
+        self._dummy = pack([Seq([0], [0])], [(0,)], [0, 1])
         compile_head()  # the fused head's softmax math as one inductor kernel per chunk (the GPU has inductor)
 
     # -- the micro-batch plan and one packed row ---------------------------------------------------------
