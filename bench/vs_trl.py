@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -289,7 +290,7 @@ def main() -> int:
 def provenance() -> dict[str, str]:
     """How and where a CPU result file was made: the command as typed from the repository root, and the machine."""
     return {
-        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "command": "python " + shlex.join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
     }
 

@@ -27,8 +27,8 @@ def sdpa_varlen_attention(
     **kwargs,
 ) -> tuple[Tensor, None]:
     """Causal attention within each block of the packed row (lengths from packed_seq_lens); a block with a mask
-    in packed_block_masks (a prompt shared by several responses: shared_prompt_mask) attends under that mask,
-    or, where the flash kernel runs, the whole row as one varlen call laid out by packed_shared_flash.
+    in packed_block_masks (a prompt shared by several responses: shared_prompt_mask) attends under that mask;
+    given packed_shared_flash (the engine's choice on CUDA in bf16), the whole row is one flash varlen call.
 
     transformers' own sdpa path turns packed position ids into a T x T block-causal mask, which rules
     out the flash kernel and spends FLOPs on every cross-sequence pair; one sdpa call per sequence is exact,
@@ -42,12 +42,17 @@ def sdpa_varlen_attention(
         return sdpa_attention_forward(module, query_1HTD, key_1HKD, value_1HKD, attention_mask, **kwargs)
     assert attention_mask is None, "sdpa_varlen expects transformers to build no mask"
     assert sum(packed_seq_lens) == query_1HTD.shape[2], "packed_seq_lens must cover the row"
+    scale = kwargs.get("scaling")
+    if packed_shared_flash is not None:
+        if not flash_varlen_supported(query_1HTD):
+            raise RuntimeError(
+                f"a row with shared prompts was laid out for the flash varlen kernel, which cannot run here "
+                f"({query_1HTD.device.type}, {query_1HTD.dtype}): set trainer.fsdp2.flash_varlen = false"
+            )
+        return flash_varlen_shared(query_1HTD, key_1HKD, value_1HKD, packed_shared_flash, scale), None
     masks = packed_block_masks or [None] * len(packed_seq_lens)
     shared = any(m is not None for m in masks)
-    if (packed_shared_flash if shared else packed_cu_seqlens) is not None and flash_varlen_supported(query_1HTD):
-        scale = kwargs.get("scaling")
-        if shared:
-            return flash_varlen_shared(query_1HTD, key_1HKD, value_1HKD, packed_shared_flash, scale), None
+    if packed_cu_seqlens is not None and not shared and flash_varlen_supported(query_1HTD):
         return flash_varlen(query_1HTD, key_1HKD, value_1HKD, packed_cu_seqlens, max(packed_seq_lens), scale), None
     outputs, start = [], 0
     for num_tokens, mask_SS in zip(packed_seq_lens, masks, strict=True):

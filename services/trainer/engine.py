@@ -275,14 +275,14 @@ class Engine:
             return {}
         flash = self.cfg.fsdp2.flash_varlen and self.device.type == "cuda"
         if mb.shares_prompts:
+            if flash and self.cfg.dtype != "float32":  # one kernel; the per-block masks are never built
+                layout = shared_flash_layout(mb.seq_lens, mb.block_responses).to(self.device)
+                return {"packed_seq_lens": mb.seq_lens, "packed_shared_flash": layout}
             masks = block_masks(mb.seq_lens, mb.block_responses)
-            out = {
+            return {
                 "packed_seq_lens": mb.seq_lens,
                 "packed_block_masks": [m if m is None else m.to(self.device) for m in masks],
             }
-            if flash:
-                out["packed_shared_flash"] = shared_flash_layout(mb.seq_lens, mb.block_responses).to(self.device)
-            return out
         if not flash:
             return {"packed_seq_lens": mb.seq_lens}
         cu_seqlens = torch.tensor([0, *itertools.accumulate(mb.seq_lens)], dtype=torch.int32)

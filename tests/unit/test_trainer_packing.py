@@ -197,6 +197,14 @@ def test_flash_varlen_over_shared_prompts_equals_the_masked_blocks(tiny_model, m
     assert max((flash_grads[n] - grads[n]).abs().max().item() for n in grads) < 1e-5
 
 
+def test_a_flash_layout_where_the_kernel_cannot_run_fails_naming_the_option(tiny_model):
+    model = load_model(str(tiny_model), torch.float32, SDPA_VARLEN)
+    mb = _shared_row(model)
+    layout = shared_flash_layout(mb.seq_lens, mb.block_responses)
+    with pytest.raises(RuntimeError, match="trainer.fsdp2.flash_varlen = false"):
+        _loss_and_grads(model, mb, packed_shared_flash=layout)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (aten's flash varlen kernel)")
 def test_cuda_flash_kernel_over_shared_prompts_equals_the_masked_blocks(tiny_model, monkeypatch):
