@@ -116,11 +116,13 @@ def shared_units(seqs: list[Seq], world: int, max_tokens: int) -> list[Unit]:
     units: list[Unit] = []
     for members in groups.values():
         block: list[int] = []
+        used = len(seqs[members[0]].prompt_ids)  # the block's row tokens so far: its prompt, then each response
         for i in members:
-            if block and unit_tokens(seqs, (*block, i)) > max_tokens:
+            if block and used + len(seqs[i].response_ids) > max_tokens:
                 units.append(tuple(block))
-                block = []
+                block, used = [], len(seqs[i].prompt_ids)
             block.append(i)
+            used += len(seqs[i].response_ids)
         units.append(tuple(block))
     while len(units) < world and any(len(u) > 1 for u in units):
         big = max((u for u in units if len(u) > 1), key=lambda u: (unit_tokens(seqs, u), -u[0]))
