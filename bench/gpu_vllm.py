@@ -7,7 +7,8 @@ Each variant is `make run`'s launcher (deploy.local) with a Qwen2-1.5B-shaped ra
 rank (bf16 compute over fp32 masters) and one rollout worker on the same GPU, CUDA IPC refit: `vllm`
 (rollout.gpu.sleep_level=0: the engine keeps its memory), `vllm_sleep` (sleep_level=1: weights offloaded and KV
 cache freed while the trainer trains), `hf` (rollout.engine=hf), `vllm_fp32_trainer` (`vllm` with the trainer
-computing in fp32) and `vllm_bf16_head` (`vllm` with the lm_head in bf16 on both sides, model.lm_head_fp32=false).
+computing in fp32), `vllm_bf16_head` (`vllm` with the lm_head in bf16 on both sides, model.lm_head_fp32=false) and
+`vllm_custom_ops` (`vllm` with vLLM's CUDA kernels for its custom ops, rollout.gpu.custom_ops=["all"]).
 It writes the seeds' table per step of each, the refit's seconds per GB (services included, verified), the
 engine's own load time from its log, peak memory (the trainer's per step; the GPU's from nvidia-smi), and, from
 --rollout-json (bench/rollout.py on the same machine), raw vLLM tokens/s and the service's share of it. Writes
@@ -40,6 +41,9 @@ VARIANTS = {
     "vllm_fp32_trainer": ["rollout.engine=vllm", 'trainer.dtype="float32"'],
     # `vllm` with both sides' lm_head in bf16 (model.lm_head_fp32=false): the mismatch that fp32 logits remove.
     "vllm_bf16_head": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "model.lm_head_fp32=false"],
+    # `vllm` with vLLM's hand-written CUDA kernels for its custom ops (silu_and_mul, rotary embedding, ...) instead
+    # of Inductor's fusions of their native forms, which keep fp32 between ops where the trainer's eager bf16 rounds.
+    "vllm_custom_ops": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", 'rollout.gpu.custom_ops=["all"]'],
     # `vllm` with each response packed with its own copy of the prompt (trainer.fsdp2.share_prompts=false).
     "vllm_unshared": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "trainer.fsdp2.share_prompts=false"],
 }

@@ -5,6 +5,7 @@
 #   bash bench/gpu_vllm_session.sh tests     # unpack, the gpu-marked tests, bench/rollout.py on the 1.5B shape
 #   bash bench/gpu_vllm_session.sh pytest    # unpack, the gpu-marked tests only
 #   bash bench/gpu_vllm_session.sh rollout   # unpack, bench/rollout.py only
+#   bash bench/gpu_vllm_session.sh host      # bench/vllm_host.py: vLLM's detokenizing, on and off
 #   bash bench/gpu_vllm_session.sh grpo      # bench/gpu_vllm.py: colocated GRPO, vLLM (keep / sleep) and hf
 #   bash bench/gpu_vllm_session.sh refit [--steps 6]  # bench/gpu_vllm.py --variants vllm: the refit, first with the
 #       tree in .old (an earlier commit: git archive REV | tar -x -C .old, carried) where there is one, then this one
@@ -23,6 +24,9 @@ dup=$(comm -12 <(ls /root/vsite | sed 's/-.*//' | sort -u) <(ls /tmp/site | sed 
 export PYTHONPATH=/root/vsite:/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MODEL=/tmp/gpu_vllm/model
+# Where the host's cores sit against the GPU (a worker's decode loop is host-bound): into the log and $OUT.
+{ nproc; lscpu | grep -i -E "model name|numa|socket"; nvidia-smi topo -m; } > "$OUT/topology.txt" 2>&1
+head -12 "$OUT/topology.txt"
 make_model() {
   python3 -c "
 from services.common.config import ModelSection
@@ -44,6 +48,12 @@ case "${1:-}" in
       --gpu-memory-utilization 0.35 --out "$OUT/rollout_gpu.json" > "$OUT/rollout_gpu.log" 2>&1
     tail -25 "$OUT/rollout_gpu.log"
     cp "$OUT/rollout_gpu.json" /tmp/rollout_gpu.json 2>/dev/null
+    ;;
+  host)
+    make_model
+    timeout 300 python3 bench/vllm_host.py --model-dir "$MODEL" --prompts 32 --samples 8 --max-tokens 256 \
+      --args rollout.gpu.gpu_memory_utilization=0.35 --out "$OUT/vllm_host.json" > "$OUT/vllm_host.log" 2>&1
+    tail -22 "$OUT/vllm_host.log"
     ;;
   grpo)
     make_model
@@ -67,5 +77,5 @@ case "${1:-}" in
       tar czf "$OUT/logs_$name.tgz" /tmp/gpu_vllm_$name/*/logs 2>/dev/null
     done
     ;;
-  *) echo "usage: $0 tests|pytest|rollout|grpo|refit"; exit 2 ;;
+  *) echo "usage: $0 tests|pytest|rollout|host|grpo|refit"; exit 2 ;;
 esac

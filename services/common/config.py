@@ -161,6 +161,21 @@ class RolloutGpuSection(_Section):
     sleep_level: Literal[0, 1] = 0
     """While the worker has no work (the trainer trains), 1 = vLLM's sleep(level=1): the weights are offloaded to
     pinned host memory and the KV cache is freed, woken before the next refit or generation; 0 = keep the memory."""
+    custom_ops: list[str] = []
+    """vLLM's compilation_config.custom_ops: "all" or "none", then "+op" / "-op" (vLLM's own op names, e.g.
+    "+silu_and_mul"). Empty = vLLM's default: under torch.compile Inductor fuses those ops' native forms, keeping
+    fp32 between them; "all" runs vLLM's CUDA kernels, which round where the trainer's eager bf16 modules do. On the
+    H200 benchmark that did not move the trainer-engine logprob mismatch (bench/results/gpu_vllm_custom_ops.json)."""
+
+    @field_validator("custom_ops")
+    @classmethod
+    def _check_custom_ops(cls, ops: list[str]) -> list[str]:
+        bad = [op for op in ops if op not in ("all", "none") and (op[:1] not in "+-" or len(op) < 2)]
+        if bad:
+            raise ValueError(f"custom_ops entries are 'all', 'none', '+op' or '-op'; got {bad}")
+        if sum(op in ("all", "none") for op in ops) > 1:
+            raise ValueError("custom_ops takes one of 'all' or 'none', once")
+        return ops
 
 
 class RolloutSection(_Section):
@@ -194,7 +209,7 @@ class RolloutSection(_Section):
     re-pack every layer (vLLM's reload_weights). False keeps the weights as plain tensors behind torch's linear, so
     a refit is one in-place copy into the live weights, as on a GPU, and the read-back sees every tensor."""
     gpu: RolloutGpuSection = RolloutGpuSection()
-    """CUDA vLLM's own options (rollout.gpu.gpu_memory_utilization, .enforce_eager, .sleep_level)."""
+    """CUDA vLLM's own options (rollout.gpu.gpu_memory_utilization, .enforce_eager, .sleep_level, .custom_ops)."""
 
     @model_validator(mode="after")
     def _check_gpu_options(self) -> RolloutSection:

@@ -60,6 +60,8 @@ def check_vllm(build: str, version: str, has_cuda: bool) -> None:
 def engine_args(cfg: RolloutSection, on_gpu: bool) -> dict:
     """vLLM's LLM(...) arguments from the rollout config, for the CUDA build (on_gpu) or the CPU one."""
     gpu_args = {"gpu_memory_utilization": cfg.gpu.gpu_memory_utilization, "enable_sleep_mode": cfg.gpu.sleep_level > 0}
+    if cfg.gpu.custom_ops:
+        gpu_args["compilation_config"] = {"custom_ops": list(cfg.gpu.custom_ops)}
     return dict(
         dtype="bfloat16" if on_gpu else "float32",
         max_model_len=cfg.max_model_len,
@@ -112,6 +114,9 @@ class VllmEngine:
                 ignore_eos=r.sampling.ignore_eos,
                 seed=r.sampling.seed or None,
                 logprobs=0,  # the sampled token's logprob only
+                # The worker decodes each finished sample once (for the rewards); vLLM's incremental detokenizing
+                # of every token at every engine step is host work on the decode loop (bench/vllm_host.py).
+                detokenize=False,
             )
             for r in requests
         ]

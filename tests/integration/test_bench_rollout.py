@@ -23,3 +23,16 @@ def test_service_and_raw_engine_take_turns_on_the_same_work(tmp_path):
     # The warm-up and the three timed passes, each one engine batch of every prompt's samples.
     assert len(result["worker_batches"]) == 4
     assert all(f"({result['prompts'] * result['samples_per_prompt']} sequences)" in b for b in result["worker_batches"])
+
+
+def test_vllm_host_bench_times_detokenizing_on_and_off_over_the_same_tokens(tmp_path):
+    """bench/vllm_host.py, behind the engine's detokenize=False: both settings sample the same tokens."""
+    out = tmp_path / "vllm_host.json"
+    cmd = [sys.executable, "bench/vllm_host.py", "--smoke", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["same_tokens"]
+    assert result["tokens"] == result["prompts"] * result["samples_per_prompt"] * result["max_tokens"]
+    assert len(result["passes_s"]["detokenize_on"]) == len(result["passes_s"]["detokenize_off"]) == result["repeats"]
+    assert result["off_over_on_tokps"] == result["detokenize_on_s"] / result["detokenize_off_s"]

@@ -51,6 +51,10 @@ def test_gpu_options_with_the_hf_engine_are_refused_by_the_config():
         load_config(None, ["rollout.gpu.sleep_level=2"])  # only 0 and 1
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
         load_config(None, ["rollout.gpu.gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match=r"custom_ops entries are 'all', 'none', '\+op' or '-op'; got \['silu'\]"):
+        load_config(None, ['rollout.gpu.custom_ops=["all", "silu"]'])
+    with pytest.raises(ConfigError, match="one of 'all' or 'none'"):
+        load_config(None, ['rollout.gpu.custom_ops=["all", "none"]'])
 
 
 def test_gpu_options_on_a_machine_without_gpus_are_one_placement_error():
@@ -81,3 +85,6 @@ def test_the_cpu_build_compiles_only_when_asked_and_the_gpu_one_takes_its_own_op
     gpu = engine_args(RolloutSection(cpu_compile=True, gpu={"sleep_level": 1}), on_gpu=True)
     assert gpu["dtype"] == "bfloat16" and not gpu["enforce_eager"] and gpu["enable_sleep_mode"]
     assert engine_args(RolloutSection(gpu={"enforce_eager": True}), on_gpu=True)["enforce_eager"]
+    assert "compilation_config" not in gpu  # vLLM's own default unless asked
+    ops = engine_args(RolloutSection(gpu={"custom_ops": ["none", "+silu_and_mul"]}), on_gpu=True)
+    assert ops["compilation_config"] == {"custom_ops": ["none", "+silu_and_mul"]}

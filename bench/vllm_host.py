@@ -1,0 +1,122 @@
+"""vLLM host work that the rollout engine switches off: detokenizing every sampled token at every engine step (and
+each logprob's token to text). The worker needs neither: it decodes each finished sample once, for the rewards. So
+services/rollout/vllm_engine.py asks vLLM for detokenize=False. This times one vLLM engine, built as the rollout
+builds it, on the same requests with detokenize on and off, taking turns after a warm-up of each; the seeds are the
+same, so the two must sample the same tokens (`same_tokens`).
+
+    python bench/vllm_host.py --model-dir M --prompts 32 --samples 8 --max-tokens 256 --args ...  # the H200 run
+    python bench/vllm_host.py --smoke        # tiny random model; /tmp/vllm_host_smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from rollout import _machine, _requests  # noqa: E402
+
+from services.common.config import load_config  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny random model, few tokens, CPU or GPU")
+    parser.add_argument("--model-dir", default="", help="an HF folder; generated on the built-in prompts")
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=6, help="timed passes of each setting, taking turns")
+    parser.add_argument("--args", nargs="*", default=[], help="config overrides, e.g. rollout.gpu.*")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-host-"))
+    model = args.model_dir
+    if args.smoke:
+        from services.common.config import ModelSection
+        from services.common.tinymodel import create_tiny_model
+
+        model = str(create_tiny_model(ModelSection(path=str(tmp / "tiny")), seed=0))
+        args.prompts, args.samples, args.max_tokens, args.repeats = 2, 2, 8, 2
+    if not model:
+        parser.error("--model-dir or --smoke")
+    overrides = [
+        f'model.path="{model}"',
+        "task.chat_template=false",
+        f"rollout.max_num_seqs={args.prompts * args.samples}",
+        "rollout.max_model_len=512",
+        *args.args,
+    ]
+    cfg = load_config(None, overrides)
+    work = _requests(cfg, args.prompts, args.samples, args.max_tokens)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_GiB))
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from services.rollout.vllm_engine import VllmEngine
+
+    engine = VllmEngine(cfg.model.path, seed=cfg.run.seed, cfg=cfg.rollout, lm_head_fp32=cfg.model.lm_head_fp32)
+    prompts = [TokensPrompt(prompt_token_ids=list(w.prompt_ids)) for w in work]
+
+    def one_pass(detokenize: bool) -> tuple[float, list[list[int]]]:
+        params = [
+            SamplingParams(
+                n=w.num_samples,
+                temperature=w.sampling.temperature,
+                max_tokens=w.sampling.max_tokens,
+                ignore_eos=True,
+                seed=w.sampling.seed,
+                logprobs=0,
+                detokenize=detokenize,
+            )
+            for w in work
+        ]
+        start = time.perf_counter()
+        outs = engine.llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - start, [list(c.token_ids) for o in outs for c in o.outputs]
+
+    settings = {"detokenize_on": True, "detokenize_off": False}
+    passes: dict[str, list[float]] = {name: [] for name in settings}
+    tokens = {name: one_pass(on)[1] for name, on in settings.items()}  # warm-up, and the tokens each samples
+    for _ in range(args.repeats):
+        for name, on in settings.items():
+            seconds, _ids = one_pass(on)
+            passes[name].append(round(seconds, 4))
+    on, off = (statistics.median(passes[name]) for name in settings)
+    num_tokens = sum(len(t) for t in tokens["detokenize_off"])
+    result = {
+        "off_over_on_tokps": on / off,
+        "detokenize_on_s": on,
+        "detokenize_off_s": off,
+        "tokps_on": num_tokens / on,
+        "tokps_off": num_tokens / off,
+        "same_tokens": tokens["detokenize_on"] == tokens["detokenize_off"],
+        "passes_s": passes,
+        "tokens": num_tokens,
+        "prompts": args.prompts,
+        "samples_per_prompt": args.samples,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "vllm_dtype": str(engine.dtype).removeprefix("torch."),
+        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
+        "machine": _machine(),
+    }
+    out = Path(args.out or ("/tmp/vllm_host_smoke.json" if args.smoke else REPO / "bench/results/vllm_host.json"))
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
