@@ -141,8 +141,9 @@ def main() -> int:
         learning_rate=cfg.trainer.lr,
         beta=cfg.trainer.loss.kl_beta,
         loss_type=cfg.trainer.loss.name if cfg.trainer.loss.name != "gspo" else "grpo",
-        lr_scheduler_type="constant",
-        warmup_steps=0,
+        # Our trainer.lr_schedule in transformers' names; both decay over run.num_steps (TRL's max_steps).
+        lr_scheduler_type={"constant": "constant_with_warmup"}.get(cfg.trainer.lr_schedule, cfg.trainer.lr_schedule),
+        warmup_steps=cfg.trainer.lr_warmup_steps,
         gradient_checkpointing=args.gradient_checkpointing,
         scale_rewards="group",
         shuffle_dataset=False,  # the rows are already in our order (above)

@@ -3,6 +3,8 @@ first, then this system through every service (the path `make run` takes), each 
 
     .venv/bin/python bench/vs_trl.py                                # 20 min a side: bench/results/vs_trl_cpu.json
     .venv/bin/python bench/vs_trl.py --minutes 10 --ours-args trainer.lr=3e-5   # a tuning try on our side
+    .venv/bin/python bench/vs_trl.py --args 'trainer.lr_schedule="linear"' --ours-args run.num_steps=125 \
+        --trl-args run.num_steps=65     # each side's lr decays over the steps it fits in the budget
     .venv/bin/python bench/vs_trl.py --task NAME                    # deploy/configs/vs_trl_NAME.toml, under "tasks"
     .venv/bin/python bench/vs_trl.py --smoke                        # tiny random model, a few steps (CI)
     .venv/bin/python bench/vs_trl.py --seeds 0 1 2 --steps 30       # (a) over seeds: bench/results/vs_trl_seeds.json
@@ -152,6 +154,9 @@ def compare(cfg: RunConfig, trl: list[dict], ours: list[dict], run_dir: Path, ta
             "max_tokens": cfg.coordinator.max_tokens,
             "temperature": cfg.coordinator.temperature,
             "lr": cfg.trainer.lr,
+            "lr_schedule": cfg.trainer.lr_schedule,
+            "lr_warmup_steps": cfg.trainer.lr_warmup_steps,
+            "num_steps": cfg.run.num_steps,
             "loss": cfg.trainer.loss.name,
             "train_minutes": cfg.run.train_minutes,
         },
@@ -224,6 +229,7 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny random model, 3 steps a side, /tmp output")
     parser.add_argument("--args", nargs="*", default=[], help="overrides for both sides")
     parser.add_argument("--ours-args", nargs="*", default=[], help="overrides for our side only (tuning)")
+    parser.add_argument("--trl-args", nargs="*", default=[], help="overrides for TRL's side only (tuning)")
     parser.add_argument(
         "--trl-no-gradient-checkpointing", action="store_true", help="TRL without it (the reference run had it on)"
     )
@@ -249,7 +255,6 @@ def main() -> int:
         from services.common.models import build_model
 
         overrides.append(f'model.path="{build_model("smollm2-135m-instruct", REPO / "runs" / "models")}"')
-    cfg = load_config(config, overrides)
     out = Path(args.out or ("/tmp/vs_trl_smoke.json" if args.smoke else REPO / "bench" / "results" / "vs_trl_cpu.json"))
     saved = json.loads(out.read_text()) if out.exists() else {}
     previous = saved if args.task == MAIN_TASK else saved.get("tasks", {}).get(args.task, {})
@@ -258,7 +263,7 @@ def main() -> int:
         trl = previous["trl_raw"]
     else:
         cfg_path = work / "trl.toml"
-        cfg_path.write_text(dump_toml(cfg))
+        cfg_path.write_text(dump_toml(load_config(config, [*overrides, *args.trl_args])))
         started = time.monotonic()
         trl = run_trl(cfg_path, work, install_trl(), not args.trl_no_gradient_checkpointing)
         print(f"TRL side done in {time.monotonic() - started:.0f} s", flush=True)
@@ -271,6 +276,7 @@ def main() -> int:
         **compare(ours_cfg, trl, ours, run_dir, TARGETS.get(args.task, 0.5)),
         "trl_version": TRL_VERSION,
         "ours_overrides": args.ours_args,
+        "trl_overrides": args.trl_args,
         **provenance(),
         "trl_raw": trl,
     }

@@ -339,6 +339,13 @@ class TrainerSection(_Section):
     """gRPC port served by rank 0; 0 = a free port chosen at launch."""
     lr: float = Field(default=1e-6, gt=0)
     """AdamW learning rate (1e-6 is verl's and TRL's GRPO default; small models take 1e-5)."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """The lr after warmup: constant, or a linear / half-cosine decay to 0 at the run's last optimizer step
+    (trainer.lr_schedule_steps), as TRL's and transformers' lr_scheduler_type."""
+    lr_warmup_steps: int = Field(default=0, ge=0)
+    """Optimizer steps of linear warmup from 0 to trainer.lr."""
+    lr_schedule_steps: int = Field(default=0, ge=0)
+    """Optimizer steps the schedule spans; 0 = run.num_steps x trainer.minibatches (set when the config loads)."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW weight decay."""
     max_grad_norm: float = Field(default=1.0, gt=0)
@@ -394,6 +401,11 @@ class TrainerSection(_Section):
             raise ValueError(f"trainer.fsdp2.{fsdp2_only[0]} is an FSDP2 option; the megatron backend does not take it")
         if self.dtype != "bfloat16":
             raise ValueError("trainer.backend = 'megatron' computes in bfloat16 (flash attention): set trainer.dtype")
+        if self.lr_schedule != "constant" or self.lr_warmup_steps:
+            raise ValueError(
+                "trainer.lr_schedule and trainer.lr_warmup_steps are FSDP2 options so far: the megatron "
+                "backend trains at a constant trainer.lr"
+            )
         if self.loss.entropy_coef > 0 and tp > 1:
             raise ValueError(
                 "trainer.loss.entropy_coef > 0 needs trainer.megatron.tensor_parallel = 1 with the megatron backend"
@@ -500,6 +512,12 @@ class RunConfig(_Section):
             )
         if self.coordinator.overlong_buffer_tokens > self.coordinator.max_tokens:
             raise ValueError("coordinator.overlong_buffer_tokens must be <= coordinator.max_tokens")
+        if not self.trainer.lr_schedule_steps:
+            self.trainer.lr_schedule_steps = self.run.num_steps * self.trainer.minibatches
+        if self.trainer.lr_warmup_steps > self.trainer.lr_schedule_steps:
+            raise ValueError(
+                "trainer.lr_warmup_steps must be <= trainer.lr_schedule_steps (run.num_steps x minibatches)"
+            )
         if self.trainer.minibatches > self.coordinator.num_prompts * self.coordinator.num_samples:
             raise ValueError("trainer.minibatches must be <= coordinator.num_prompts * coordinator.num_samples")
         if self.task.name in ("dataset", "jsonl") and not self.task.prompts_path:

@@ -22,6 +22,7 @@ from services.weightsync.kernels.checksum import tensor_checksum
 from . import checkpoint
 from .attention import SDPA_VARLEN, block_masks, row_mask, shared_flash_layout
 from .losses import mult_prob_error, token_logprobs, token_logprobs_and_entropy
+from .lr_schedule import lr_factor
 from .objective import TokenInputs, loss_weights, token_objective
 from .packing import Packed, Seq, plan, response_offsets
 
@@ -64,6 +65,8 @@ class Engine:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.vocab_size: int = model.config.vocab_size
         self.policy_version = 0
+        self.optimizer_steps = 0
+        """Optimizer steps taken (policy_version x cfg.minibatches after a restore): the lr schedule's clock."""
         self._state_refs: list[tuple[str, Tensor]] | None = None
 
     def logprobs(self, seqs: list[Seq]) -> list[Tensor]:
@@ -195,6 +198,7 @@ class Engine:
     def load(self, path: Path) -> int:
         """Restore policy, optimizer, policy_version and RNG from a checkpoint written by save()."""
         self.policy_version = self._load_train_state(path / checkpoint.TRAIN_STATE)
+        self.optimizer_steps = self.policy_version * self.cfg.minibatches
         self._state_refs = None
         return self.policy_version
 
@@ -325,6 +329,11 @@ class Engine:
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
+        cfg = self.cfg
+        lr = cfg.lr * lr_factor(self.optimizer_steps, cfg.lr_schedule, cfg.lr_warmup_steps, cfg.lr_schedule_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer_steps += 1
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm.item()

@@ -52,10 +52,20 @@ AGAINST_REFERENCE = {
     # Two AdamW steps: the second mini-batch's ratio is measured from pi_old, the policy before the first;
     # a large step and a narrow clip range make it leave the range, so a wrong anchor changes the update.
     "minibatches": {"minibatches": 2, "lr": 0.01, "loss": {"clip_eps": 0.002}},
+    # The lr schedule against transformers' own scheduler (TRL's): the first of two AdamW steps is warmup step 0
+    # (lr 0: only the moments move), the second runs at the full lr of a linear decay over 4 steps.
+    "lr_warmup_linear": {
+        "minibatches": 2,
+        "lr": 0.01,
+        "loss": {"clip_eps": 0.002},
+        "lr_schedule": "linear",
+        "lr_warmup_steps": 1,
+        "lr_schedule_steps": 4,
+    },
 }
 # AdamW's first steps move every parameter by ~lr whatever its gradient's size, so float noise in the
 # gradients shows up in proportion to lr: 10x the base lr for the mini-batch case (a wrong pi_old is off by 2e-2).
-PARAM_TOLERANCE = {"minibatches": 2e-4}
+PARAM_TOLERANCE = {"minibatches": 2e-4, "lr_warmup_linear": 2e-4}
 CASES = {**AGAINST_REFERENCE, **SAME_AS_BASE, "bf16": {"dtype": "bfloat16"}}
 
 
@@ -84,10 +94,18 @@ def _batch(vocab: int):
 def _reference_step(model_dir: str, cfg, seqs, advantages, rollout) -> tuple[dict, dict]:
     """The same step in one process: every sequence unpacked, the objective summed with its weights; with
     cfg.minibatches = 2, two AdamW steps on the halves, pi_old being the policy before the first."""
+    from transformers import get_scheduler
+
     from services.trainer.build import load_model
 
     model, ref = load_model(model_dir, torch.float32, "sdpa"), load_model(model_dir, torch.float32, "sdpa")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer.schedule = get_scheduler(  # transformers' formulas, stepped after each optimizer step
+        {"constant": "constant_with_warmup"}.get(cfg.lr_schedule, cfg.lr_schedule),
+        optimizer,
+        num_warmup_steps=cfg.lr_warmup_steps,
+        num_training_steps=cfg.lr_schedule_steps,
+    )
     if cfg.minibatches == 1:
         return _reference_update(model, ref, optimizer, cfg, seqs, advantages, rollout, None)
     assert cfg.minibatches == 2 and len(seqs) == 4
@@ -136,6 +154,7 @@ def _reference_update(model, ref, optimizer, cfg, seqs, advantages, rollout, old
     total.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm).item()
     optimizer.step()
+    optimizer.schedule.step()
     optimizer.zero_grad()
     params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return params, {"loss": total.item(), "grad_norm": grad_norm, **sums}
