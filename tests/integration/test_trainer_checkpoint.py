@@ -12,10 +12,13 @@ from protos.grpo.v1 import trainer_pb2, trainer_pb2_grpc
 from services.common.grpcio import channel, wait_healthy
 from services.common.ports import free_port
 
-# Every piece of state is exercised: AdamW moments, a reference model (KL), a non-default loss.
+# Every piece of state is exercised: AdamW moments, a reference model (KL), a non-default loss, the lr schedule's
+# clock (the resumed step runs at 2/3 of trainer.lr, as the uninterrupted one: a clock restarted at 0 runs at 1).
 OVERRIDES = [
     "trainer.num_ranks=2",
     "trainer.lr=1e-3",
+    'trainer.lr_schedule="linear"',
+    "trainer.lr_schedule_steps=3",
     "trainer.weight_decay=0.01",
     "trainer.loss.kl_beta=0.1",
     'trainer.loss.name="dapo"',
