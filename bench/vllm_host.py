@@ -1,8 +1,11 @@
-"""vLLM host work that the rollout engine switches off: detokenizing every sampled token at every engine step (and
-each logprob's token to text). The worker needs neither: it decodes each finished sample once, for the rewards. So
-services/rollout/vllm_engine.py asks vLLM for detokenize=False. This times one vLLM engine, built as the rollout
-builds it, on the same requests with detokenize on and off, taking turns after a warm-up of each; the seeds are the
-same, so the two must sample the same tokens (`same_tokens`).
+"""vLLM host work that the rollout engine switches off. Detokenizing every sampled token at every engine step (and
+each logprob's token to text): the worker needs neither, it decodes each finished sample once, for the rewards, so
+services/rollout/vllm_engine.py asks vLLM for detokenize=False. And a dict and a Logprob object for every generated
+token (vLLM's default container), which the garbage collector then walks: the engine asks for flat_logprobs=True, one
+list of floats a sample. This times one vLLM engine, built as the rollout builds it, on the same requests under
+vLLM's defaults (`default`), detokenize off (`detokenize_off`) and both off (`rollout`, what the engine asks for),
+taking turns after a warm-up of each; the seeds are the same, so all must sample the same tokens (`same_tokens`) with
+the same logprobs (`same_logprobs`).
 
     python bench/vllm_host.py --model-dir M --prompts 32 --samples 8 --max-tokens 256 --args ...  # the H200 run
     python bench/vllm_host.py --smoke        # tiny random model; /tmp/vllm_host_smoke.json
@@ -64,12 +67,15 @@ def main() -> int:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from services.rollout.vllm_engine import VllmEngine
+    from services.common.lifecycle import GcClock, freeze_startup_heap
+    from services.rollout.vllm_engine import VllmEngine, sampled_logprobs
 
     engine = VllmEngine(cfg.model.path, seed=cfg.run.seed, cfg=cfg.rollout, lm_head_fp32=cfg.model.lm_head_fp32)
     prompts = [TokensPrompt(prompt_token_ids=list(w.prompt_ids)) for w in work]
+    freeze_startup_heap()  # as the worker does once started: the collector then walks what the passes make
+    clock = GcClock()
 
-    def one_pass(detokenize: bool) -> tuple[float, list[list[int]]]:
+    def one_pass(setting: dict) -> tuple[float, list[list[int]], list[list[float]]]:
         params = [
             SamplingParams(
                 n=w.num_samples,
@@ -78,31 +84,44 @@ def main() -> int:
                 ignore_eos=True,
                 seed=w.sampling.seed,
                 logprobs=0,
-                detokenize=detokenize,
+                **setting,
             )
             for w in work
         ]
         start = time.perf_counter()
         outs = engine.llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - start, [list(c.token_ids) for o in outs for c in o.outputs]
+        samples = [c for o in outs for c in o.outputs]
+        ids, logprobs = [list(c.token_ids) for c in samples], [sampled_logprobs(c.logprobs, c.token_ids) for c in samples]
+        return time.perf_counter() - start, ids, logprobs  # the engine's generate takes both out of vLLM's outputs
 
-    settings = {"detokenize_on": True, "detokenize_off": False}
+    settings = {
+        "default": {"detokenize": True, "flat_logprobs": False},
+        "detokenize_off": {"detokenize": False, "flat_logprobs": False},
+        "rollout": {"detokenize": False, "flat_logprobs": True},
+    }
     passes: dict[str, list[float]] = {name: [] for name in settings}
-    tokens = {name: one_pass(on)[1] for name, on in settings.items()}  # warm-up, and the tokens each samples
+    gc_s = dict.fromkeys(settings, 0.0)
+    full_collections = dict.fromkeys(settings, 0)
+    outputs = {name: one_pass(setting)[1:] for name, setting in settings.items()}  # warm-up; what each samples
     for _ in range(args.repeats):
-        for name, on in settings.items():
-            seconds, _ids = one_pass(on)
-            passes[name].append(round(seconds, 4))
-    on, off = (statistics.median(passes[name]) for name in settings)
-    num_tokens = sum(len(t) for t in tokens["detokenize_off"])
+        for name, setting in settings.items():
+            was_s, was_full = clock.seconds, clock.full_collections
+            passes[name].append(round(one_pass(setting)[0], 4))
+            gc_s[name] += clock.seconds - was_s
+            full_collections[name] += clock.full_collections - was_full
+    median = {name: statistics.median(passes[name]) for name in settings}
+    num_tokens = sum(len(t) for t in outputs["rollout"][0])
     result = {
-        "off_over_on_tokps": on / off,
-        "detokenize_on_s": on,
-        "detokenize_off_s": off,
-        "tokps_on": num_tokens / on,
-        "tokps_off": num_tokens / off,
-        "same_tokens": tokens["detokenize_on"] == tokens["detokenize_off"],
+        "rollout_over_default_tokps": median["default"] / median["rollout"],
+        "detokenize_off_over_default_tokps": median["default"] / median["detokenize_off"],
+        "rollout_over_detokenize_off_tokps": median["detokenize_off"] / median["rollout"],
+        "median_s": median,
+        "tokps": {name: num_tokens / seconds for name, seconds in median.items()},
+        "same_tokens": all(out[0] == outputs["default"][0] for out in outputs.values()),
+        "same_logprobs": all(out[1] == outputs["default"][1] for out in outputs.values()),
         "passes_s": passes,
+        "gc_s_per_pass": {name: gc_s[name] / args.repeats for name in settings},
+        "gc_full_collections": full_collections,
         "tokens": num_tokens,
         "prompts": args.prompts,
         "samples_per_prompt": args.samples,

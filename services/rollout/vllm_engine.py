@@ -74,6 +74,14 @@ def engine_args(cfg: RolloutSection, on_gpu: bool) -> dict:
     )
 
 
+def sampled_logprobs(logprobs, token_ids) -> list[float]:
+    """The sampled token's logprob at each position, from vLLM's flat container (logprobs=0: one entry a position,
+    the sampled token's) or from its list of {token: Logprob} dicts."""
+    if hasattr(logprobs, "start_indices"):  # vllm.logprobs.FlatLogprobs
+        return [logprobs.logprobs[i] for i in logprobs.start_indices]
+    return [logprobs[i][t].logprob for i, t in enumerate(token_ids)]
+
+
 class VllmEngine:
     def __init__(self, model_path: str, seed: int, cfg: RolloutSection, lm_head_fp32: bool = True):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -117,6 +125,9 @@ class VllmEngine:
                 # The worker decodes each finished sample once (for the rewards); vLLM's incremental detokenizing
                 # of every token at every engine step is host work on the decode loop (bench/vllm_host.py).
                 detokenize=False,
+                # One flat list of floats a sample instead of a dict and a Logprob object a token: fewer objects
+                # for the garbage collector on the decode loop.
+                flat_logprobs=True,
             )
             for r in requests
         ]
@@ -124,11 +135,7 @@ class VllmEngine:
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         return [
             [
-                Sample(
-                    list(c.token_ids),
-                    [c.logprobs[i][t].logprob for i, t in enumerate(c.token_ids)],
-                    c.finish_reason or "",
-                )
+                Sample(list(c.token_ids), sampled_logprobs(c.logprobs, c.token_ids), c.finish_reason or "")
                 for c in out.outputs
             ]
             for out in outs

@@ -25,14 +25,15 @@ def test_service_and_raw_engine_take_turns_on_the_same_work(tmp_path):
     assert all(f"({result['prompts'] * result['samples_per_prompt']} sequences)" in b for b in result["worker_batches"])
 
 
-def test_vllm_host_bench_times_detokenizing_on_and_off_over_the_same_tokens(tmp_path):
-    """bench/vllm_host.py, behind the engine's detokenize=False: both settings sample the same tokens."""
+def test_vllm_host_bench_times_the_rollouts_sampling_options_over_the_same_tokens(tmp_path):
+    """bench/vllm_host.py, behind the engine's detokenize=False and flat_logprobs=True: every setting samples the same
+    tokens with the same logprobs, read from vLLM's dict container and from its flat one."""
     out = tmp_path / "vllm_host.json"
     cmd = [sys.executable, "bench/vllm_host.py", "--smoke", "--out", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["same_tokens"]
+    assert result["same_tokens"] and result["same_logprobs"]
     assert result["tokens"] == result["prompts"] * result["samples_per_prompt"] * result["max_tokens"]
-    assert len(result["passes_s"]["detokenize_on"]) == len(result["passes_s"]["detokenize_off"]) == result["repeats"]
-    assert result["off_over_on_tokps"] == result["detokenize_on_s"] / result["detokenize_off_s"]
+    assert [len(p) for p in result["passes_s"].values()] == [result["repeats"]] * 3
+    assert result["rollout_over_default_tokps"] == result["median_s"]["default"] / result["median_s"]["rollout"]
