@@ -91,7 +91,8 @@ def main() -> int:
         start = time.perf_counter()
         outs = engine.llm.generate(prompts, params, use_tqdm=False)
         samples = [c for o in outs for c in o.outputs]
-        ids, logprobs = [list(c.token_ids) for c in samples], [sampled_logprobs(c.logprobs, c.token_ids) for c in samples]
+        ids = [list(c.token_ids) for c in samples]
+        logprobs = [sampled_logprobs(c.logprobs, c.token_ids) for c in samples]
         return time.perf_counter() - start, ids, logprobs  # the engine's generate takes both out of vLLM's outputs
 
     settings = {
