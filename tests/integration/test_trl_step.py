@@ -35,7 +35,8 @@ def _batch(vocab: int) -> tuple[list[list[int]], list[list[int]], list[float]]:
 
 
 def _ours(model_dir: str, out: str) -> None:
-    """Our Engine's step with SGD(lr=1) and no clipping: parameters before minus after are the gradient."""
+    """Our Engine's step with SGD at lr 1 (the engine sets each step's lr from the config's schedule) and no clipping:
+    parameters before minus after are the gradient."""
     import torch.distributed as dist
 
     from services.common.config import TrainerSection
@@ -44,7 +45,7 @@ def _ours(model_dir: str, out: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    cfg = TrainerSection(num_ranks=1, loss={"name": "dapo"}, max_grad_norm=1e9, max_tokens_per_microbatch=32)
+    cfg = TrainerSection(num_ranks=1, lr=1.0, loss={"name": "dapo"}, max_grad_norm=1e9, max_tokens_per_microbatch=32)
     policy = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)
     engine = assemble_engine(policy, None, cfg, Path(model_dir), torch.device("cpu"))
     engine.optimizer = torch.optim.SGD(engine.model.parameters(), lr=1.0)
