@@ -5,7 +5,7 @@
 #   bash bench/gpu_vllm_session.sh tests     # unpack, the gpu-marked tests, bench/rollout.py on the 1.5B shape
 #   bash bench/gpu_vllm_session.sh pytest    # unpack, the gpu-marked tests only
 #   bash bench/gpu_vllm_session.sh rollout   # unpack, bench/rollout.py only
-#   bash bench/gpu_vllm_session.sh host      # bench/vllm_host.py: vLLM's detokenizing, on and off
+#   bash bench/gpu_vllm_session.sh host      # bench/vllm_host.py: vLLM's defaults, detokenize off, both off
 #   bash bench/gpu_vllm_session.sh grpo      # bench/gpu_vllm.py: colocated GRPO, vLLM (keep / sleep) and hf
 #   bash bench/gpu_vllm_session.sh refit [--steps 6]  # bench/gpu_vllm.py --variants vllm: the refit, first with the
 #       tree in .old (an earlier commit: git archive REV | tar -x -C .old, carried) where there is one, then this one

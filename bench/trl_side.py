@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO))
 from services.common.config import RunConfig  # noqa: E402
 from services.common.rewards import BUILTIN, full_marks  # noqa: E402
 from services.common.tasks import Prompt, PromptOrder, PromptRenderer, load_task  # noqa: E402
+from services.trainer.lr_schedule import TRANSFORMERS_NAMES  # noqa: E402
 
 
 def emit(kind: str, **fields) -> None:
@@ -142,7 +143,7 @@ def main() -> int:
         beta=cfg.trainer.loss.kl_beta,
         loss_type=cfg.trainer.loss.name if cfg.trainer.loss.name != "gspo" else "grpo",
         # Our trainer.lr_schedule in transformers' names; both decay over run.num_steps (TRL's max_steps).
-        lr_scheduler_type={"constant": "constant_with_warmup"}.get(cfg.trainer.lr_schedule, cfg.trainer.lr_schedule),
+        lr_scheduler_type=TRANSFORMERS_NAMES[cfg.trainer.lr_schedule],
         warmup_steps=cfg.trainer.lr_warmup_steps,
         gradient_checkpointing=args.gradient_checkpointing,
         scale_rewards="group",

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import math
 
+TRANSFORMERS_NAMES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+"""Each trainer.lr_schedule under the name transformers' get_scheduler (TRL's lr_scheduler_type) gives it."""
+
 
 def lr_factor(step: int, schedule: str, warmup_steps: int, total_steps: int) -> float:
     """Multiplier of the base lr for optimizer step `step` (0-based) of `total_steps`: linear warmup from 0 over

@@ -97,11 +97,12 @@ def _reference_step(model_dir: str, cfg, seqs, advantages, rollout) -> tuple[dic
     from transformers import get_scheduler
 
     from services.trainer.build import load_model
+    from services.trainer.lr_schedule import TRANSFORMERS_NAMES
 
     model, ref = load_model(model_dir, torch.float32, "sdpa"), load_model(model_dir, torch.float32, "sdpa")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     optimizer.schedule = get_scheduler(  # transformers' formulas, stepped after each optimizer step
-        {"constant": "constant_with_warmup"}.get(cfg.lr_schedule, cfg.lr_schedule),
+        TRANSFORMERS_NAMES[cfg.lr_schedule],
         optimizer,
         num_warmup_steps=cfg.lr_warmup_steps,
         num_training_steps=cfg.lr_schedule_steps,

@@ -6,9 +6,7 @@ import torch
 from transformers import get_scheduler
 
 from services.common.config import ConfigError, load_config
-from services.trainer.lr_schedule import lr_factor
-
-HF_NAME = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+from services.trainer.lr_schedule import TRANSFORMERS_NAMES, lr_factor
 
 
 @pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
@@ -16,7 +14,7 @@ HF_NAME = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "co
 def test_every_step_equals_the_transformers_scheduler(schedule, warmup):
     total, lr = 17, 2e-5
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
-    hf = get_scheduler(HF_NAME[schedule], optimizer, num_warmup_steps=warmup, num_training_steps=total)
+    hf = get_scheduler(TRANSFORMERS_NAMES[schedule], optimizer, num_warmup_steps=warmup, num_training_steps=total)
     for step in range(total + 3):  # past the end: a decay stays at 0
         expected = optimizer.param_groups[0]["lr"]
         assert lr * lr_factor(step, schedule, warmup, total) == pytest.approx(expected, abs=1e-15)
