@@ -46,6 +46,10 @@ VARIANTS = {
     # `vllm` with vLLM's hand-written CUDA kernels for its custom ops (silu_and_mul, rotary embedding, ...) instead
     # of Inductor's fusions of their native forms, which keep fp32 between ops where the trainer's eager bf16 rounds.
     "vllm_custom_ops": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", 'rollout.gpu.custom_ops=["all"]'],
+    # `vllm` with responses that end at the model's EOS (the others all run max_tokens, past any EOS, for equal work):
+    # the mismatch on what a pretrained model actually writes, not on its continuation after it is done.
+    "vllm_eos": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "coordinator.ignore_eos=false"],
+    "vllm_eos_fp32_trainer": ["rollout.engine=vllm", "coordinator.ignore_eos=false", 'trainer.dtype="float32"'],
     # `vllm` with each response packed with its own copy of the prompt (trainer.fsdp2.share_prompts=false).
     "vllm_unshared": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "trainer.fsdp2.share_prompts=false"],
 }
