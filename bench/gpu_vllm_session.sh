@@ -21,7 +21,7 @@ if [ "${1:-}" = pack-smollm2 ]; then  # on the CPU machine, before the device se
   .venv/bin/python -c "
 import shutil, torch, transformers
 src = 'runs/models/smollm2-135m-instruct'
-model = transformers.AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.bfloat16)
+model = transformers.AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
 model.save_pretrained('/tmp/smol_pack/m')
 for f in ('tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja', 'generation_config.json'):
     shutil.copy(f'{src}/{f}', '/tmp/smol_pack/m/')" || exit 1
