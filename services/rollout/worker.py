@@ -52,8 +52,8 @@ def check_work(work: queue_pb2.PromptWork, limits: WorkerLimits) -> str:
         )
     try:
         metadata = json.loads(work.task.metadata_json or "{}")
-    except json.JSONDecodeError as e:
-        return f"task.metadata_json is not JSON: {e}"
+    except (ValueError, RecursionError) as e:  # not JSON, an integer past Python's digit limit, nesting too deep
+        return f"task.metadata_json is not JSON: {type(e).__name__}: {str(e)[:200]}"
     return "" if isinstance(metadata, dict) else "task.metadata_json is not a JSON object"
 
 
@@ -158,7 +158,12 @@ def process(
             if isinstance(out, str):
                 done.append((entry_id, rejected(work, state, out)))
                 continue
-            group = build_group(work, out, version, state, vocab, rewards)
+            try:
+                group = build_group(work, out, version, state, vocab, rewards)
+            except Exception as e:  # one item's failure is its own error group, never the worker's death: a dead
+                # worker leaves the whole batch unacked, and the next worker to claim it would die the same way
+                done.append((entry_id, rejected(work, state, f"building the group failed: {type(e).__name__}: {e}")))
+                continue
             group.generation_s = generation_s
             done.append((entry_id, group))
     return done

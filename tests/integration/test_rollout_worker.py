@@ -53,11 +53,18 @@ def test_bad_items_are_refused_alone_and_the_rest_generate_in_one_call(engine_st
         ("2-0", _work(1, good * 20)),  # 80 + 8 tokens > max_model_len 64: refused before the engine
         ("3-0", _work(2, good, metadata="[1, 2]")),  # metadata that is not a JSON object
         ("4-0", _work(3, good)),
+        # What json.loads refuses with other errors than JSONDecodeError: nesting past the recursion limit
+        # (RecursionError), an integer past Python's 4300 digits (ValueError). Both once killed the worker with
+        # the whole batch unacked, and each worker that claimed it again.
+        ("5-0", _work(4, good, metadata='{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")),
+        ("6-0", _work(5, good, metadata='{"a": 1' + "0" * 5000 + "}")),
     ]
     done = dict(process(claimed, engine_state, vocab, rewards, WorkerLimits(64, 64, 60.0)))
-    assert set(done) == {"1-0", "2-0", "3-0", "4-0"}
+    assert set(done) == {"1-0", "2-0", "3-0", "4-0", "5-0", "6-0"}
     assert "prompt is 80 tokens" in done["2-0"].error and not done["2-0"].trajectories
     assert "not a JSON object" in done["3-0"].error
+    assert "RecursionError" in done["5-0"].error and not done["5-0"].trajectories
+    assert "is not JSON: ValueError" in done["6-0"].error and not done["6-0"].trajectories
     for entry in ("1-0", "4-0"):
         group = done[entry]
         assert not group.error and len(group.trajectories) == 3
