@@ -119,4 +119,17 @@ class WorkQueue:
         self.r.hset(WORKERS_KEY, worker_id, json.dumps({"ts": time.time(), **fields}))
 
     def workers(self) -> dict[str, dict]:
-        return {k.decode(): json.loads(v) for k, v in self.r.hgetall(WORKERS_KEY).items()}
+        """Each worker's last heartbeat; an entry that is not one (a stale or foreign writer of the hash) is
+        skipped with a warning, so the status endpoint keeps answering."""
+        out = {}
+        for key, value in self.r.hgetall(WORKERS_KEY).items():
+            name = key.decode(errors="replace")
+            try:
+                beat = json.loads(value)
+            except (ValueError, RecursionError):
+                beat = None
+            if not isinstance(beat, dict) or not isinstance(beat.get("ts"), int | float):
+                log.warning("workers[%r] is not a worker heartbeat: skipped", name)
+                continue
+            out[name] = beat
+        return out

@@ -12,6 +12,10 @@ from .plot import plot_run
 
 log = logging.getLogger(__name__)
 
+MAX_STEP = 2**63 - 1
+"""The last step a run may reach: the step counters travel as protobuf integers (RunStatus.num_steps, uint64) and
+into int64 metrics; beyond them every later status answer would fail to serialize."""
+
 
 class Runner:
     def __init__(self, loop: GrpoLoop):
@@ -22,6 +26,8 @@ class Runner:
         with self.state.lock:
             if self.state.state == coordinator_pb2.RUN_STATE_RUNNING:
                 raise ValueError(f"run {self.state.run_id} is already running")
+            if not 0 < num_steps <= MAX_STEP - self.state.step:
+                raise ValueError(f"num_steps must be in 1..{MAX_STEP - self.state.step} at step {self.state.step}")
             self.state.state = coordinator_pb2.RUN_STATE_RUNNING
             self.state.num_steps = self.state.step + num_steps
             self.state.stop.clear()

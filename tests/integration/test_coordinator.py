@@ -14,6 +14,7 @@ import pytest
 from protos.grpo.v1 import coordinator_pb2
 from services.common.grpcio import channel, wait_healthy
 from services.common.ports import free_port
+from services.common.queue import WORKERS_KEY, connect
 from services.coordinator.client import CoordinatorClient
 
 
@@ -53,9 +54,18 @@ def coordinator(services, tiny_model, redis_url, tmp_path):
     return f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
 
 
-def test_status_endpoint_and_prometheus_metrics(coordinator):
+def test_status_endpoint_and_prometheus_metrics(coordinator, redis_url):
     _, http = coordinator
     assert _until(lambda: _safe_get(f"{http}/healthz")) == (200, b'{"ok":true}')
+    # Entries in the workers hash that are not heartbeats (a stale or foreign writer) are skipped, not a 500.
+    r = connect(redis_url)
+    bad = {"ctl-bad-bytes": b"\x00not json", "ctl-no-ts": b'{"policy_version": 1}', "ctl-list": b"[1]"}
+    r.hset(WORKERS_KEY, mapping=bad)
+    try:
+        code, body = _get(f"{http}/status")
+        assert code == 200 and not set(bad) & set(json.loads(body)["workers"])
+    finally:
+        r.hdel(WORKERS_KEY, *bad)
     status = json.loads(_get(f"{http}/status")[1])
     assert {"run_id", "state", "step", "policy_version", "last_metrics", "queues", "workers"} <= set(status)
     assert (status["run_id"], status["state"], status["step"]) == ("ctl", "idle", 0)
@@ -104,3 +114,10 @@ def test_malformed_rpc_gets_invalid_argument(coordinator):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     with CoordinatorClient(address) as client:
         assert client.status().run_id == "ctl"
+        # A step count past what the status can carry is refused before the run starts: accepted, it made every
+        # later GetStatus and StopRun fail to serialize (step + num_steps beyond uint64) for the process's life.
+        before = client.status().state
+        with pytest.raises(grpc.RpcError) as e:
+            client.start_run(num_steps=2**64 - 1)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "num_steps must be in 1.." in e.value.details()
+        assert client.status().state == before != coordinator_pb2.RUN_STATE_RUNNING
