@@ -81,6 +81,42 @@ def test_a_gloo_refit_carries_every_bucket_and_then_the_commit():
     del master
 
 
+def test_a_group_whose_peers_never_come_does_not_hold_up_another_groups_refit():
+    """A receiver stuck in one group's rendezvous (its sender never joins: a dead trainer, or a hostile LoadWeights
+    with a long timeout) must not block the next refit's group, which has peers and a deadline of its own."""
+    port = free_port()
+    master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(30))
+
+    def transfer(prefix: str, rank: int, timeout_s: float) -> Transfer:
+        group = types.SimpleNamespace(
+            store_host="127.0.0.1", store_port=port, prefix=prefix, world_size=2, rank=rank, backend="gloo",
+            timeout_s=timeout_s,
+        )  # fmt: skip
+        return Transfer(group, None, prefix)
+
+    receiver, sender = Transports().get("gloo"), Transports().get("gloo")
+    stuck_error = []
+
+    def wait_for_nobody() -> None:  # nobody ever sends on this group: it waits out its 6 s and fails
+        try:
+            receiver.receive(transfer("nobody", 1, 6), 0, torch.empty(8))
+        except Exception as e:
+            stuck_error.append(e)
+
+    stuck = threading.Thread(target=wait_for_nobody)
+    stuck.start()
+    got = torch.zeros(8)
+    honest = threading.Thread(target=lambda: receiver.receive(transfer("honest", 1, 10), 0, got))
+    honest.start()
+    sender.send(transfer("honest", 0, 10), iter([(0, torch.arange(8.0))]), [32], (0,))
+    honest.join(5)
+    assert not honest.is_alive() and torch.equal(got, torch.arange(8.0))
+    assert stuck.is_alive()  # the refit went through while the other group was still waiting
+    stuck.join(30)
+    assert len(stuck_error) == 1
+    del master
+
+
 def test_the_config_offers_exactly_the_registered_transports():
     import typing
 

@@ -35,19 +35,32 @@ class CollectiveTransport(Transport):
         self._groups: dict[tuple, dist.ProcessGroup] = {}
         self._broken: set[tuple] = set()
         self._lock = threading.Lock()
+        self._joining: dict[tuple, threading.Lock] = {}
+        """One lock per group key, held while that group's rendezvous runs: a rendezvous waits up to the group's
+        own timeout for its peers, and under the shared lock one group whose peers never come (a dead trainer, a
+        hostile LoadWeights) held up every other group's refit for that long."""
 
     @abstractmethod
     def _new_group(self, store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta):
         """The backend's ProcessGroup on this store."""
 
     def _pg(self, group) -> dist.ProcessGroup:
+        key = group_key(group)
         with self._lock:
-            key = group_key(group)
-            if key not in self._groups:
-                timeout = datetime.timedelta(seconds=group.timeout_s)
-                self._groups[key] = self._new_group(group_store(group, timeout), group.rank, group.world_size, timeout)
+            if key in self._groups:
+                return self._groups[key]
+            joining = self._joining.setdefault(key, threading.Lock())
+        with joining:  # the same group joined twice at once would be two ranks of one number
+            with self._lock:
+                if key in self._groups:
+                    return self._groups[key]
+            timeout = datetime.timedelta(seconds=group.timeout_s)
+            pg = self._new_group(group_store(group, timeout), group.rank, group.world_size, timeout)
+            with self._lock:
+                self._groups[key] = pg
                 self._broken.discard(key)
-            return self._groups[key]
+                self._joining.pop(key, None)
+            return pg
 
     def _bcast(self, pg: dist.ProcessGroup, t: torch.Tensor, root: int = 0) -> dist.Work:
         opts = dist.BroadcastOptions()
