@@ -198,6 +198,11 @@ def seeds_summary(per_seed: dict[int, dict[str, list[dict]]]) -> dict:
     return {"steps": rows, "agree_within_noise": all(r["agree_within_noise"] for r in rows[1:])}
 
 
+def _ours_first(ours_s: float | None, trl_s: float | None) -> bool:
+    """Our time to target beats TRL's: we reached it, and sooner (or TRL never did)."""
+    return ours_s is not None and (trl_s is None or ours_s < trl_s)
+
+
 def best_of_tries(files: list[Path]) -> dict:
     """Per task, each side's best time to target and best final accuracy over the tries (result files of this
     script, each one invocation of both sides with the same settings), and the tries whose own run holds both."""
@@ -220,13 +225,12 @@ def best_of_tries(files: list[Path]) -> dict:
             "ours_best_seconds_to_target": ours_t,
             "trl_best_final_accuracy": trl_f,
             "ours_best_final_accuracy": ours_f,
-            "time_holds": ours_t is not None and (trl_t is None or ours_t < trl_t),
+            "time_holds": _ours_first(ours_t, trl_t),
             "final_holds": ours_f >= trl_f,
             "tries_holding_both_in_their_run": [
                 t["file"]
                 for t in tries
-                if t["ours_seconds_to_target"] is not None
-                and (t["trl_seconds_to_target"] is None or t["ours_seconds_to_target"] < t["trl_seconds_to_target"])
+                if _ours_first(t["ours_seconds_to_target"], t["trl_seconds_to_target"])
                 and t["ours_final_accuracy"] >= t["trl_final_accuracy"]
             ],
         }

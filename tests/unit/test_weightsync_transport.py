@@ -21,6 +21,15 @@ from services.weightsync.transports.base import Transfer, Transport
 CONTRACT = [n for n, f in inspect.getmembers(Transport, inspect.isfunction) if not n.startswith("_")]
 
 
+def _gloo_transfer(port: int, prefix: str, rank: int, timeout_s: float = 30) -> Transfer:
+    """A transfer in the two-rank gloo group `prefix` of the store at `port`."""
+    group = types.SimpleNamespace(
+        store_host="127.0.0.1", store_port=port, prefix=prefix, world_size=2, rank=rank, backend="gloo",
+        timeout_s=timeout_s,
+    )  # fmt: skip
+    return Transfer(group, None, prefix)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_every_registered_transport_implements_the_whole_contract(name):
     cls = REGISTRY[name]
@@ -55,10 +64,7 @@ def test_a_gloo_refit_carries_every_bucket_and_then_the_commit():
     commit = Commit(("a", "b"))
 
     def transfer(rank: int) -> Transfer:
-        group = types.SimpleNamespace(
-            store_host="127.0.0.1", store_port=port, prefix="t", world_size=2, rank=rank, backend="gloo", timeout_s=30
-        )
-        return Transfer(group, None, "tag")
+        return _gloo_transfer(port, "t", rank)
 
     got = {}
 
@@ -86,29 +92,21 @@ def test_a_group_whose_peers_never_come_does_not_hold_up_another_groups_refit():
     with a long timeout) must not block the next refit's group, which has peers and a deadline of its own."""
     port = free_port()
     master = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(30))
-
-    def transfer(prefix: str, rank: int, timeout_s: float) -> Transfer:
-        group = types.SimpleNamespace(
-            store_host="127.0.0.1", store_port=port, prefix=prefix, world_size=2, rank=rank, backend="gloo",
-            timeout_s=timeout_s,
-        )  # fmt: skip
-        return Transfer(group, None, prefix)
-
     receiver, sender = Transports().get("gloo"), Transports().get("gloo")
     stuck_error = []
 
     def wait_for_nobody() -> None:  # nobody ever sends on this group: it waits out its 6 s and fails
         try:
-            receiver.receive(transfer("nobody", 1, 6), 0, torch.empty(8))
+            receiver.receive(_gloo_transfer(port, "nobody", 1, 6), 0, torch.empty(8))
         except Exception as e:
             stuck_error.append(e)
 
     stuck = threading.Thread(target=wait_for_nobody)
     stuck.start()
     got = torch.zeros(8)
-    honest = threading.Thread(target=lambda: receiver.receive(transfer("honest", 1, 10), 0, got))
+    honest = threading.Thread(target=lambda: receiver.receive(_gloo_transfer(port, "honest", 1, 10), 0, got))
     honest.start()
-    sender.send(transfer("honest", 0, 10), iter([(0, torch.arange(8.0))]), [32], (0,))
+    sender.send(_gloo_transfer(port, "honest", 0, 10), iter([(0, torch.arange(8.0))]), [32], (0,))
     honest.join(5)
     assert not honest.is_alive() and torch.equal(got, torch.arange(8.0))
     assert stuck.is_alive()  # the refit went through while the other group was still waiting
