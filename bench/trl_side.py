@@ -5,6 +5,8 @@ JSON line per evaluation and a summary line, each prefixed with RESULT.
 Same as ours: the prompts and their rendering (services.common.tasks: load_task, PromptRenderer's system prompt
 and chat template), the reward (services.common.rewards.BUILTIN[...]) and what counts as correct
 (rewards.full_marks). Evaluation: greedy, max_tokens new tokens, every eval_every steps, its time kept apart.
+Every setting that changes a step comes from the same config through bench/trl_pairing.py (TO_TRL); the
+differences left are trl_pairing.KNOWN_DIFFERENCES, each with its reason.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from trl_pairing import trl_kwargs  # noqa: E402
+
 from services.common.config import RunConfig  # noqa: E402
 from services.common.rewards import BUILTIN, full_marks  # noqa: E402
 from services.common.tasks import Prompt, PromptOrder, PromptRenderer, load_task  # noqa: E402
-from services.trainer.lr_schedule import TRANSFORMERS_NAMES  # noqa: E402
 
 
 def emit(kind: str, **fields) -> None:
@@ -60,13 +63,34 @@ def evaluate(model, renderer: PromptRenderer, prompts: list[Prompt], reward, max
     }
 
 
+def grpo_config(cfg: RunConfig, work: str, gradient_checkpointing: bool):
+    """TRL's GRPOConfig: every setting that changes a step from our config through trl_pairing.TO_TRL, the rest
+    TRL's plumbing (where it writes, how often it logs, no saving, the CPU)."""
+    import trl
+
+    return trl.GRPOConfig(
+        **trl_kwargs(cfg),
+        output_dir=str(Path(work) / "trl"),
+        gradient_checkpointing=gradient_checkpointing,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True, help="the resolved run config both sides use (TOML)")
     parser.add_argument("--work", required=True)
     parser.add_argument("--gradient-checkpointing", action="store_true", help="as the reference TRL run")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved GRPOConfig (JSON), no run")
     args = parser.parse_args()
     cfg = RunConfig.model_validate(tomllib.loads(Path(args.config).read_text()))
+    if args.print_config:  # what tests/integration/test_trl_pairing.py compares with our side
+        print(json.dumps(grpo_config(cfg, args.work, args.gradient_checkpointing).to_dict(), default=str))
+        return 0
 
     import torch
     import trl
@@ -123,40 +147,21 @@ def main() -> int:
             self.start, self.eval_s = time.monotonic(), 0.0  # the clock starts at the first step
 
         def on_step_end(self, args, state, control, **_):
-            emit("step", step=state.global_step, train_s=self.train_s())
+            # TRL counts optimizer steps: trainer.minibatches of them make one of our steps (one generated batch).
+            if state.global_step % cfg.trainer.minibatches:
+                return
+            step = state.global_step // cfg.trainer.minibatches
+            emit("step", step=step, train_s=self.train_s())
             if budget_s and self.train_s() >= budget_s:
                 control.should_training_stop = True
-            if state.global_step % run.eval_every == 0 or control.should_training_stop:
-                self.record(state.global_step)
+            if step % run.eval_every == 0 or control.should_training_stop:
+                self.record(step)
 
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
     tok = renderer.tokenizer
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    config = trl.GRPOConfig(
-        output_dir=str(Path(args.work) / "trl"),
-        num_generations=c.num_samples,
-        per_device_train_batch_size=c.num_prompts * c.num_samples,
-        max_completion_length=c.max_tokens,
-        temperature=c.temperature,
-        learning_rate=cfg.trainer.lr,
-        beta=cfg.trainer.loss.kl_beta,
-        loss_type=cfg.trainer.loss.name if cfg.trainer.loss.name != "gspo" else "grpo",
-        # Our trainer.lr_schedule in transformers' names; both decay over run.num_steps (TRL's max_steps).
-        lr_scheduler_type=TRANSFORMERS_NAMES[cfg.trainer.lr_schedule],
-        warmup_steps=cfg.trainer.lr_warmup_steps,
-        gradient_checkpointing=args.gradient_checkpointing,
-        scale_rewards="group",
-        shuffle_dataset=False,  # the rows are already in our order (above)
-        max_steps=run.num_steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        seed=run.seed,
-        use_cpu=True,
-        bf16=cfg.trainer.dtype == "bfloat16",  # autocast, fp32 master weights: as our trainer.dtype
-        disable_tqdm=True,
-    )
+    config = grpo_config(cfg, args.work, args.gradient_checkpointing)
     trainer = trl.GRPOTrainer(
         model=model,
         reward_funcs=[reward_fn],
