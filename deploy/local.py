@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import sys
 from pathlib import Path
 
-from services.common.config import ConfigError, config_from_cli, dump_toml
+from services.common.config import ConfigError, config_from_cli
 
 from .placement import Cluster, Placement, PlacementError, place
 from .placement.commands import service_args, service_env
@@ -38,7 +37,7 @@ def write_config(placement: Placement) -> Path:
     """The run folder, with the placement's config in it that every service reads; returns the folder."""
     run_dir = Path(placement.cfg.run.output_dir) / placement.cfg.run.run_id
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(dump_toml(placement.cfg))
+    placement.write_configs(run_dir)
     return run_dir
 
 
@@ -51,27 +50,55 @@ def launches(placement: Placement, config_path: Path) -> list[tuple[str, list[st
 
 
 def run_local(placement: Placement, run_dir: Path) -> int:
-    from services.common.redis_server import start_redis
+    """Start every service under a guard (deploy/guard.py), supervise the run, stop them all at its end.
 
-    from .procs import Service, spawn, stop_all
+    The launch record (`make down`) names each service's process group, so they can be found also after a
+    `kill -9` of this launcher (whose guards end them within seconds anyway)."""
+    from . import records
+    from .procs import describe, spawn, stop_all
+    from .supervise import shield_cleanup, stop_on_sigterm
 
-    services: list[Service] = []
+    cfg, services = placement.cfg, []
+
+    def record() -> Path:
+        return records.write(cfg.run.output_dir, "local", cfg.run.run_id, services=[describe(s) for s in services])
+
+    path = record()
+    stop_on_sigterm()
     try:
         if placement.start_redis:
-            redis_proc = start_redis(placement.cfg.redis.port, run_dir / "redis")
-            services.append(Service("redis", redis_proc, run_dir / "redis" / "redis.log"))
+            services.append(_start_redis(placement, run_dir))
+            record()
         for name, args, env in launches(placement, run_dir / "config.toml"):
-            services.append(spawn(name, args, run_dir / "logs", env))
-        return _supervise(placement, run_dir, services)
+            services.append(spawn(name, args, run_dir / "logs", env, guard=True))
+            record()
+        return _supervise(placement, run_dir, services, record)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping every service", file=sys.stderr)
         return 130
     finally:
+        shield_cleanup()
         stop_all(services)
+        records.remove(path)
 
 
-def _supervise(placement: Placement, run_dir: Path, services) -> int:
+def _start_redis(placement: Placement, run_dir: Path):
+    from services.common.redis_server import redis_command, wait_answering
+
+    from .procs import start
+
+    data_dir = run_dir / "redis"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = placement.cfg.redis.port
+    redis = start("redis", redis_command(port, data_dir), data_dir / "redis.log", guard=True)
+    wait_answering(redis.proc, port, redis.log)
+    return redis
+
+
+def _supervise(placement: Placement, run_dir: Path, services, record) -> int:
     """Wait for the services, start the run, show progress until it ends."""
+    import functools
+
     from .procs import check_alive
     from .supervise import run_to_end, wait_ready
 

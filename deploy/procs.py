@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -16,26 +16,77 @@ class Service:
     name: str
     proc: subprocess.Popen
     log: Path
+    cmd: list[str] = field(default_factory=list)
+    """What was started (without the guard's arguments), so that `restart` can start it again."""
+    env: dict[str, str] = field(default_factory=dict)
+    guarded: bool = False
 
 
-def spawn(name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Service:
-    """Run `python -m <args>` (or a command) in a new session, output to <log_dir>/<name>.log."""
+_lifeline: tuple[int, int] | None = None
+
+
+def lifeline() -> int:
+    """The read end of a pipe whose write end this process holds until it exits, however it exits.
+
+    Both ends are close-on-exec: only a guarded service is handed the read end (pass_fds), and no child
+    holds the write end, so the guards read EOF exactly when this process is gone."""
+    global _lifeline
+    if _lifeline is None:
+        _lifeline = os.pipe()
+    return _lifeline[0]
+
+
+def spawn(
+    name: str, args: list[str], log_dir: Path, env: dict[str, str] | None = None, *, guard: bool = False
+) -> Service:
+    """Run `python <args>` in a new session, output to <log_dir>/<name>.log.
+
+    guard: under deploy/guard.py, which ends the service's whole process group once this process is gone."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{name}.log"
-    cmd = [sys.executable, *args]
+    return start(name, [sys.executable, *args], log_dir / f"{name}.log", env, guard=guard)
+
+
+def start(name: str, cmd: list[str], log: Path, env: dict[str, str] | None = None, *, guard: bool = False) -> Service:
+    """Run any command as `spawn` runs a python one."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
-    return Service(name, proc, log)
+    guarded = [sys.executable, "-m", "deploy.guard", str(lifeline()), *cmd] if guard else cmd
+    proc = subprocess.Popen(
+        guarded,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env=full_env,
+        start_new_session=True,
+        pass_fds=(lifeline(),) if guard else (),
+    )
+    return Service(name, proc, log, cmd, env or {}, guard)
+
+
+def restart(s: Service) -> Service:
+    """The same command again, once what is left of the old process group (helpers of the dead process) is gone."""
+    assert s.cmd and s.proc.poll() is not None, s.name
+    _signal_group(s.proc, signal.SIGKILL)
+    with s.log.open("a") as f:
+        f.write(f"\n=== {s.name} exited with {s.proc.returncode}; restarted by the launcher ===\n")
+    return start(s.name, s.cmd, s.log, s.env, guard=s.guarded)
+
+
+def exit_message(s: Service) -> str:
+    tail = s.log.read_text(errors="replace").splitlines()[-15:]
+    return f"{s.name} exited with {s.proc.returncode}; last lines of {s.log}:\n" + "\n".join(tail)
 
 
 def check_alive(services: list[Service]) -> None:
     for s in services:
         if s.proc.poll() is not None:
-            tail = s.log.read_text(errors="replace").splitlines()[-15:]
-            raise RuntimeError(f"{s.name} exited with {s.proc.returncode}; last lines of {s.log}:\n" + "\n".join(tail))
+            raise RuntimeError(exit_message(s))
 
 
-def stop_all(services: list[Service], grace_s: float = 15.0) -> None:
+STOP_GRACE_S = 8.0
+"""From SIGTERM to SIGKILL of every group when the launcher stops: a service stuck in its shutdown (a refit whose
+peer is gone, a dead Redis) must not keep the launcher's promise, every service gone within 10 s, from holding."""
+
+
+def stop_all(services: list[Service], grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM every process group (newest first), then SIGKILL what is left after grace_s."""
     for s in reversed(services):
         _signal_group(s.proc, signal.SIGTERM)
@@ -56,3 +107,36 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def describe(s: Service) -> dict:
+    """What `make down` needs to find the service's process group again, also after the launcher died."""
+    return {"name": s.name, "pgid": s.proc.pid, "start_ticks": start_ticks(s.proc.pid)}
+
+
+def start_ticks(pid: int) -> int | None:
+    """When the process started (clock ticks since boot): with the pid, it names one process, not a reused id."""
+    try:
+        return int(_stat(pid)[19])
+    except OSError:
+        return None
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group pgid (zombies left out)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry))
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry))
+    return found
+
+
+def _stat(pid: int) -> list[str]:
+    """Fields of /proc/<pid>/stat after the command name (state first)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -11,18 +11,21 @@ from services.common.config import RunConfig
 
 
 def stop_on_sigterm() -> None:
-    """SIGTERM (`make down`, `scancel`) unwinds like Ctrl-C, so the launcher's cleanup still runs."""
+    """SIGTERM (`make down`, `scancel`) and SIGHUP (the terminal closed) unwind like Ctrl-C, so the launcher's
+    cleanup still runs."""
 
     def interrupt(*_):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)
 
 
 def shield_cleanup() -> None:
-    """From here on Ctrl-C and SIGTERM are ignored: a second one must not cut the stopping of services short."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """From here on Ctrl-C, SIGTERM and SIGHUP are ignored: a second one must not cut the stopping of services
+    short."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def wait_ready(addresses: list[str], check_alive: Callable[[], None], timeout_s: float = 600.0) -> None:
@@ -48,7 +51,13 @@ def run_to_end(cfg: RunConfig, coordinator: str, status_url: str, check_alive: C
 
     print(f"status: {status_url}", flush=True)
     with CoordinatorClient(coordinator) as client:
-        status = _show_steps(client, client.start_run(cfg.run.num_steps), check_alive)
+        done = client.status().step  # a resumed run (run.resume) starts at its checkpoint's step
+        if done:
+            print(f"resuming run {cfg.run.run_id} at step {done} of {cfg.run.num_steps}", flush=True)
+        if done >= cfg.run.num_steps:
+            print(f"run {cfg.run.run_id} has all {cfg.run.num_steps} steps already", flush=True)
+            return 0
+        status = _show_steps(client, client.start_run(cfg.run.num_steps - done), check_alive)
     state = coordinator_pb2.RunState.Name(status.state)
     run_dir = f"{cfg.run.output_dir}/{cfg.run.run_id}"
     print(f"run {cfg.run.run_id} ended: {state} after {status.step} steps; {run_dir}/metrics.jsonl", flush=True)

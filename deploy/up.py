@@ -66,21 +66,14 @@ def _launch(backend: str, cfg: RunConfig, args: argparse.Namespace) -> int:
 
 def _local(cfg: RunConfig, dry_run: bool) -> int:
     """`make run`'s launch, after the same placement and checks as the other backends."""
-    from . import local, records
+    from . import local
     from .placement import format_placement, place
-    from .supervise import stop_on_sigterm
 
     placement = place(cfg, local.this_machine())
     print(format_placement(placement), flush=True)
     if dry_run:
         return 0
-    run_dir = local.write_config(placement)
-    record = records.write(placement.cfg.run.output_dir, "local", placement.cfg.run.run_id)
-    stop_on_sigterm()
-    try:
-        return local.run_local(placement, run_dir)
-    finally:
-        records.remove(record)
+    return local.run_local(placement, local.write_config(placement))
 
 
 if __name__ == "__main__":

