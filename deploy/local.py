@@ -96,13 +96,11 @@ def _start_redis(placement: Placement, run_dir: Path):
 
 
 def _supervise(placement: Placement, run_dir: Path, services, record) -> int:
-    """Wait for the services, start the run, show progress until it ends."""
-    import functools
-
-    from .procs import check_alive
+    """Wait for the services, start the run, show progress until it ends; a dead rollout worker is restarted."""
+    from .restarts import Restarts
     from .supervise import run_to_end, wait_ready
 
-    cfg, alive = placement.cfg, functools.partial(check_alive, services)
+    cfg, alive = placement.cfg, Restarts(services, on_restart=record).check_alive
     print(f"run {cfg.run.run_id}: starting services (logs in {run_dir / 'logs'})", flush=True)
     wait_ready([a.address for a in placement.services], alive)
     return run_to_end(cfg, placement.get("coordinator").address, placement.status_url, alive)

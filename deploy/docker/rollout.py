@@ -32,12 +32,15 @@ def main() -> int:
         cmd = [sys.executable, "-m", "services.rollout.main", "--worker-index", str(i)]
         cmd += ["--config", args.config] if args.config else []
         procs.append(subprocess.Popen([*cmd, *args.overrides], env=env))
-    # One worker gone ends the container: compose reports it, `make up` stops the run.
+    # One worker gone ends the container with a failure, whatever the worker's status (the others' SIGTERM exit
+    # is 0): compose's restart policy starts it again, and past its limit `make up` stops the run.
     while not stopping and all(p.poll() is None for p in procs):
         time.sleep(0.5)
     for p in procs:
         p.terminate()
-    return max(p.wait() for p in procs) if not stopping else 0
+    for p in procs:
+        p.wait()
+    return 0 if stopping else 1
 
 
 if __name__ == "__main__":

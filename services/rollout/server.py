@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
+import time
 
 from protos.grpo.v1 import rollout_pb2_grpc, weightsync_pb2, weightsync_pb2_grpc
 from services.common.config import RunConfig
@@ -33,7 +35,7 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
     server.start()
     address = f"{cfg.rollout.host}:{port}"
     with channel(f"{cfg.weightsync.host}:{cfg.weightsync.grpc_port}") as ch:
-        weightsync_pb2_grpc.WeightSyncStub(ch).RegisterEndpoint(
+        registered = weightsync_pb2_grpc.WeightSyncStub(ch).RegisterEndpoint(
             weightsync_pb2.Endpoint(
                 endpoint_id=f"rollout-{worker_index}",
                 grpc_address=address,
@@ -42,6 +44,7 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
             timeout=30,
         )
     logging.info("worker %s serving on %s with engine %s", worker_id, address, cfg.rollout.engine)
+    await_current_weights(state, registered.policy_version, cfg.weightsync.transport, stop)
     queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
     freeze_startup_heap()
     rewards = RewardRunner(cfg.task.reward_weights(), cfg.task.reward_timeout_s)
@@ -51,3 +54,32 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
     finally:
         rewards.close()
         server.stop(1).wait()
+
+
+JOIN_TIMEOUT_S = 600.0
+"""How long a joining worker waits for the pull of the current version before it gives up (and exits)."""
+
+
+def await_current_weights(state: EngineState, policy_version: int, transport: str, stop: threading.Event) -> None:
+    """Take no work until the engine holds the run's current version: a worker that joins mid-run (a restart)
+    starts on model.path's weights, and would hand the trainer samples of a policy long gone.
+
+    weightsync fans the latest version out to a joiner when it registers, over a transport a joiner can pull
+    from (ucxx); a collective one (gloo, NCCL) needs the sender in the group, so there the joiner gets the
+    weights with the next refit, and until then generates on its start-up weights (logged)."""
+    if policy_version == 0:  # no refit yet: the start-up weights are the current ones
+        return
+    from services.weightsync.transports import choose, kind
+
+    if not kind(choose(transport)).joinable:
+        logging.warning(
+            "joined at policy version %d over %s, which cannot hand a joiner the current version: generating on "
+            "the start-up weights until the next refit",
+            policy_version, choose(transport),
+        )  # fmt: skip
+        return
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while state.policy_version < policy_version and not stop.wait(0.1):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"policy version {policy_version} did not arrive within {JOIN_TIMEOUT_S:.0f}s")
+    logging.info("joined at policy version %d", state.policy_version)
