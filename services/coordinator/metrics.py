@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from protos.grpo.v1 import queue_pb2
@@ -59,6 +60,9 @@ class MetricsLog:
     def __init__(self, run_dir: Path, loggers: list[Logger] | tuple = ()):
         self.path = run_dir / "metrics.jsonl"
         self.loggers = list(loggers)
+        self.observers: list[Callable[[dict[str, float]], dict[str, float]]] = []
+        """Called with each row before it is written; the keys they return join the row (the collapse monitor's
+        alert/*)."""
         self.start = time.time()
 
     def append(self, m: dict[str, float]) -> None:
@@ -72,6 +76,8 @@ class MetricsLog:
         self._write(m)
 
     def _write(self, m: dict[str, float]) -> None:
+        for observe in self.observers:
+            m.update(observe(m))
         m["time/wall_s"] = time.time() - self.start  # since the coordinator started: curves against wall time
         with self.path.open("a") as f:
             f.write(json.dumps(m) + "\n")
@@ -91,9 +97,14 @@ class MetricsLog:
 def response_metrics(trajectories: list[queue_pb2.Trajectory]) -> dict[str, float]:
     """How the batch's completions ended, and each reward's mean (unweighted) beside the weighted reward/mean."""
     n = len(trajectories)
+    num_tokens = sum(len(t.logprobs) for t in trajectories)
     m = {
         "response/max_tokens_frac": sum(t.finish_reason == "length" for t in trajectories) / n,
         "response/eos_frac": sum(t.finish_reason == "stop" for t in trajectories) / n,
+        # -log p of each sampled token under the distribution it was drawn from (softmax(logits / temperature)):
+        # the mean estimates the policy's per-token entropy, with no pass over the vocabulary (the trainer's
+        # `entropy` exists only with trainer.loss.entropy_coef > 0).
+        "response/neg_logprob": -sum(sum(t.logprobs) for t in trajectories) / max(num_tokens, 1),
         "reward/errors": float(sum(t.reward_errors for t in trajectories)),
     }
     for name in sorted({k for t in trajectories for k in t.reward_components}):

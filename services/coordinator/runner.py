@@ -7,6 +7,7 @@ import threading
 
 from protos.grpo.v1 import coordinator_pb2
 
+from .alerts import CollapseMonitor
 from .loop import GrpoLoop
 from .plot import plot_run
 
@@ -21,6 +22,7 @@ class Runner:
     def __init__(self, loop: GrpoLoop):
         self.loop, self.state = loop, loop.state
         self._thread: threading.Thread | None = None
+        self.monitor: CollapseMonitor | None = None
 
     def start(self, num_steps: int) -> None:
         with self.state.lock:
@@ -41,20 +43,35 @@ class Runner:
         if self._thread:
             self._thread.join(timeout_s)
 
+    def _watch_for_collapse(self) -> CollapseMonitor:
+        """Every metrics row passes the collapse monitor before it is written (its alert/* keys join the row); a
+        resumed run first rebuilds the monitor's baselines from the rows it kept."""
+        if self.monitor is None:
+            c = self.loop.cfg.coordinator
+            self.monitor = CollapseMonitor(
+                num_eval_prompts=len(self.loop.feed.eval_prompts), num_completions=c.num_prompts * c.num_samples
+            )
+            self.monitor.prime(self.loop.metrics.read())
+            self.loop.metrics.observers.append(self.monitor.observe)
+        return self.monitor
+
     def _run(self) -> None:
         s = self.state
         final = coordinator_pb2.RUN_STATE_DONE
         try:
+            monitor = self._watch_for_collapse()
             if s.step == 0 and not s.stop.is_set():
                 initial = self.loop.evaluate_initial()
                 if initial:
                     with s.lock:
                         s.last_eval, s.last_samples = initial, self.loop.samples.latest
+                        s.alerts = monitor.status()
             while s.step < s.num_steps and not s.stop.is_set():
                 m = self.loop.step(s.step + 1)
                 with s.lock:
                     s.step, s.policy_version, s.last_metrics = int(m["step"]), int(m["policy_version"]), m
                     s.last_samples = self.loop.samples.latest
+                    s.alerts = monitor.status()
                     if "eval/accuracy" in m:
                         s.last_eval = {k: v for k, v in m.items() if k.startswith("eval/") or k == "step"}
             if s.stop.is_set() and s.step < s.num_steps:

@@ -20,6 +20,8 @@ class RunState:
     """The latest held-out metrics (eval/*) and the step they were measured at."""
     last_samples: list[dict] = field(default_factory=list)
     """The latest step's (or evaluation's) sample completions, as in samples.jsonl."""
+    alerts: list[dict] = field(default_factory=list)
+    """Collapse warnings (alerts.CollapseMonitor.status): each signal's last warning, and whether it still fires."""
     error: str = ""
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -47,5 +49,6 @@ class RunState:
                 "last_metrics": dict(self.last_metrics),
                 "last_eval": dict(self.last_eval),
                 "samples": list(self.last_samples),
+                "alerts": list(self.alerts),
                 "error": self.error,
             }

@@ -12,6 +12,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.common.queue import WorkQueue
 
+from .alerts import ALERT_KEYS
 from .metrics import EVAL_KEYS, STEP_KEYS
 from .state import RunState
 
@@ -25,6 +26,9 @@ def make_app(state: RunState, queue: WorkQueue) -> FastAPI:
     registry = CollectorRegistry()
     gauges = {k: Gauge(prometheus_name(k), f"last step's {k}", registry=registry) for k in STEP_KEYS}
     gauges |= {k: Gauge(prometheus_name(k), f"latest evaluation's {k}", registry=registry) for k in EVAL_KEYS}
+    gauges |= {
+        k: Gauge(prometheus_name(k), f"1 while {k} fires (collapse warning)", registry=registry) for k in ALERT_KEYS
+    }
     depth = Gauge("grpo_queue_depth", "entries per Redis stream", ["stream"], registry=registry)
 
     @app.get("/healthz")

@@ -67,11 +67,12 @@ def test_status_endpoint_and_prometheus_metrics(coordinator, redis_url):
     finally:
         r.hdel(WORKERS_KEY, *bad)
     status = json.loads(_get(f"{http}/status")[1])
-    assert {"run_id", "state", "step", "policy_version", "last_metrics", "queues", "workers"} <= set(status)
-    assert (status["run_id"], status["state"], status["step"]) == ("ctl", "idle", 0)
+    assert {"run_id", "state", "step", "policy_version", "last_metrics", "queues", "workers", "alerts"} <= set(status)
+    assert (status["run_id"], status["state"], status["step"], status["alerts"]) == ("ctl", "idle", 0, [])
     assert {"prompts_len", "prompts_pending", "trajectories_len"} <= set(status["queues"])
     code, body = _get(f"{http}/metrics")
     assert code == 200 and b"grpo_reward_mean" in body and b"grpo_queue_depth" in body
+    assert b"grpo_alert_eval_accuracy_drop" in body and b"grpo_alert_entropy_shift" in body
 
 
 def _safe_get(url: str):
