@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Callable
 from concurrent import futures
@@ -19,6 +20,34 @@ OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
+
+IDEMPOTENT = {
+    "grpo.v1.Coordinator": ("GetStatus",),
+    "grpo.v1.Rollout": ("Info",),
+    "grpo.v1.Trainer": ("ComputeLogprobs",),
+    "grpo.v1.WeightSync": ("RegisterEndpoint", "Layout", "Status"),
+    "grpc.health.v1.Health": ("Check",),
+}
+"""Calls that may run twice with the same effect: gRPC retries them (within their deadline) when the peer is
+UNAVAILABLE, a restarting service or a dropped connection. The others (Train, StartRun, a refit) are never
+retried behind the caller's back: the caller decides."""
+
+SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": service, "method": m} for service, methods in IDEMPOTENT.items() for m in methods],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.2s",
+                    "maxBackoff": "3s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
 
 
 class PreconditionError(RuntimeError):
@@ -61,7 +90,7 @@ def make_server(host: str, port: int, max_workers: int = 8) -> tuple[grpc.Server
 
 
 def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=OPTIONS)
+    return grpc.insecure_channel(address, options=[*OPTIONS, ("grpc.service_config", SERVICE_CONFIG)])
 
 
 def wait_healthy(address: str, timeout_s: float) -> None:
