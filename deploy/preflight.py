@@ -22,6 +22,14 @@ def preflight(cfg: RunConfig) -> None:
             f"model.path = {cfg.model.path!r} holds no HF model (no config.json): point it at a local checkpoint, "
             "build SmolLM2 with `make model NAME=smollm2-135m-instruct`, or set model.create = true for a tiny one"
         )
+    if cfg.run.resume:
+        from services.coordinator.run_record import RunRecord
+
+        if RunRecord(Path(cfg.run.resume)).latest() is None:
+            raise ConfigError(
+                f"run.resume = {cfg.run.resume!r} holds no complete checkpoint (resume/step_N with run_state.json); "
+                "a run saves one every run.checkpoint_every steps, at its end and when stopped"
+            )
     from services.common.rewards import load_reward
 
     for name in cfg.task.reward_weights():

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.common.config import RunConfig, dump_toml
+from services.common.config import RunConfig
 
 from .. import records
 from ..placement import Cluster, Placement, format_placement, place
@@ -111,7 +111,7 @@ def up(cfg: RunConfig, dry_run: bool) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     Path(placement.cfg.model.path).mkdir(parents=True, exist_ok=True)  # the trainer writes a created model there
     override.write_text(gpu_override(placement))
-    (run_dir / "config.toml").write_text(dump_toml(container_config(placement)))
+    placement.write_configs(run_dir, container_config(placement))
     run_id = placement.cfg.run.run_id
     record = records.write(placement.cfg.run.output_dir, "docker", run_id, compose=compose, env=env)
     return run(placement, compose, {**os.environ, **env}, record)

@@ -26,14 +26,15 @@ def place(cfg: RunConfig, cluster: Cluster) -> Placement:
     per_node = ranks_per_node(cfg, trainer_nodes)
     _check_model(cfg)
     start_redis = not cfg.redis.url
-    cfg = fill_blanks(cfg)
+    asked, cfg = cfg, fill_blanks(cfg)
+    asked = asked.model_copy(update={"run": asked.run.model_copy(update={"run_id": cfg.run.run_id})})
     if len(trainer_nodes) > 1 and not cfg.placement.trainer_rdzv_port:
         cfg.placement.trainer_rdzv_port = free_port()
     _set_hosts(cfg, cluster, trainer_nodes, rollout_nodes, start_redis)
     gpus = assign_gpus(cfg, cluster, device, trainer_nodes, rollout_nodes, per_node)
     assignments = _assignments(cfg, cluster, trainer_nodes, rollout_nodes, gpus, start_redis)
     check_ports(assignments, cluster.backend)
-    return Placement(cfg, cluster, device, tuple(assignments), start_redis)
+    return Placement(cfg, cluster, device, tuple(assignments), start_redis, asked)
 
 
 def threads(cfg: RunConfig, service: str) -> int:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from services.common.config import RunConfig
+from services.common.config import RunConfig, dump_toml
 
 Backend = Literal["local", "slurm", "docker"]
 Device = Literal["cpu", "cuda"]
@@ -53,6 +54,14 @@ class Placement:
     device: Device
     assignments: tuple[Assignment, ...]
     start_redis: bool
+    asked: RunConfig | None = None
+    """The config as the user gave it (run id filled, ports and hosts not): what run.resume continues from."""
+
+    def write_configs(self, run_dir: Path, services_cfg: RunConfig | None = None) -> None:
+        """config.toml that every service reads, and asked.toml that a resumed run starts from."""
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(dump_toml(services_cfg or self.cfg))
+        (run_dir / "asked.toml").write_text(dump_toml(self.asked or self.cfg))
 
     def get(self, service: str) -> Assignment:
         return next(a for a in self.assignments if a.service == service)

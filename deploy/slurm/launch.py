@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.common.config import RunConfig, dump_toml
+from services.common.config import RunConfig
 
 from .. import records
 from ..placement import Assignment, Placement, format_placement, place
@@ -27,7 +27,7 @@ def up(cfg: RunConfig, dry_run: bool) -> int:
         return 0
     run_dir = Path(placement.cfg.run.output_dir) / placement.cfg.run.run_id
     (run_dir / "redis").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(dump_toml(placement.cfg))
+    placement.write_configs(run_dir)
     return run(placement, run_dir)
 
 

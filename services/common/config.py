@@ -39,6 +39,16 @@ class RunSection(_Section):
     (offline in <run>/wandb unless WANDB_MODE is set; `wandb sync` uploads it). metrics.jsonl is always written."""
     save_every: int = Field(default=0, ge=0)
     """Export the policy as an HF folder (checkpoints/step_N) every this many steps, and always at the end."""
+    checkpoint_every: int = Field(default=10, ge=0)
+    """Save the run's whole state (the trainer's weights, optimizer, lr-schedule clock and RNG; the coordinator's
+    step, policy version, data cursor and eval history; the offsets of every file the run writes) under
+    resume/step_N every this many steps, at the end and when the run is stopped; 0 = only those two."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Resumable checkpoints (resume/step_N) kept; older ones are deleted once a newer one is complete. The HF
+    exports of run.save_every are never deleted."""
+    resume: str = ""
+    """A run folder (`runs/<id>`) to continue from its newest complete checkpoint: its config.toml is the base
+    (the overrides given with run.resume apply on top), and its run_id and output_dir are kept."""
 
 
 class ModelSection(_Section):
@@ -189,6 +199,9 @@ class RolloutSection(_Section):
     """gRPC port of worker 0 (worker i uses grpc_port + i); 0 = free ports at launch."""
     lease_timeout_s: float = Field(default=60.0, gt=0)
     """Idle time after which another worker claims a pending prompt of a dead one."""
+    max_deliveries: int = Field(default=3, ge=1)
+    """Deliveries of one prompt item (each worker that took it died or hung on it) before it is dropped: the
+    step goes on without that prompt and counts it in data/dropped_groups."""
     max_model_len: int = Field(default=512, ge=16)
     """Engine context length: a prompt plus coordinator.max_tokens must fit (checked before the run starts)."""
     max_num_seqs: int = Field(default=64, ge=1)
@@ -573,11 +586,31 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"cannot read config {path}: {e}") from e
     for override in overrides:
         apply_override(data, override)
+    resume = data.get("run", {}).get("resume") if isinstance(data.get("run"), dict) else None
+    # A service reads the placed config.toml its launcher wrote into the resumed run's folder: that one stands.
+    if resume and not (path and Path(path).resolve() == (Path(str(resume)) / "config.toml").resolve()):
+        data = _resumed(str(resume), overrides)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
         errors = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise ConfigError(f"invalid config: {errors}") from None
+
+
+def _resumed(resume: str, overrides: list[str] | tuple[str, ...]) -> dict:
+    """The config of a resumed run: the run folder's asked.toml (the config its launcher was given, before ports
+    and hosts were placed; config.toml for a service, which reads its launcher's placed one), the overrides on
+    top, its run_id and output_dir kept (a continued run writes where it wrote before)."""
+    folder = Path(resume)
+    base = folder / "asked.toml"
+    try:
+        data = tomllib.loads((base if base.exists() else folder / "config.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"run.resume = {resume!r} is not a run folder with a readable config.toml: {e}") from None
+    for override in overrides:
+        apply_override(data, override)
+    data["run"].update(resume=str(folder), run_id=folder.resolve().name, output_dir=str(folder.resolve().parent))
+    return data
 
 
 def dump_toml(cfg: RunConfig) -> str:

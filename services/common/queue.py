@@ -8,6 +8,8 @@ import time
 
 import redis
 from google.protobuf.message import DecodeError
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from protos.grpo.v1 import queue_pb2
 
@@ -17,15 +19,36 @@ ROLLOUT_GROUP = "rollout"
 WORKERS_KEY = "workers"
 
 
+RECONNECT_TRIES = 10
+"""Reconnects of one call (backoff 0.1 s doubling to 5 s: ~30 s in all, the time a Redis restarted from its
+append-only file takes to answer) before the error reaches the caller."""
+
+
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=30, socket_connect_timeout=10)
+    # Every call retries on a lost connection: a restarted Redis is a pause, not the end of the run. A retried
+    # XADD whose first try did land makes a duplicate entry; trajectory ids are deterministic and readers dedup.
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=30,
+        socket_connect_timeout=10,
+        retry=Retry(ExponentialBackoff(cap=5.0, base=0.1), RECONNECT_TRIES),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+    )
 
 
 class WorkQueue:
     """`prompts` is consumed by the rollout consumer group; `trajectories` is read by cursor."""
 
-    def __init__(self, r: redis.Redis, prompts_stream: str = "prompts", trajectories_stream: str = "trajectories"):
+    def __init__(
+        self,
+        r: redis.Redis,
+        prompts_stream: str = "prompts",
+        trajectories_stream: str = "trajectories",
+        max_deliveries: int = 3,
+    ):
         self.r, self.prompts, self.trajectories = r, prompts_stream, trajectories_stream
+        self.max_deliveries = max_deliveries
+        """Deliveries of one work item (each worker that claimed it died or hung on it) before it is dropped."""
 
     def ensure_group(self) -> None:
         try:
@@ -56,6 +79,25 @@ class WorkQueue:
                 cursor = entry_id.decode()
                 groups.append(queue_pb2.TrajectoryGroup.FromString(fields[b"pb"]))
         return cursor, groups
+
+    def drop_run_work(self, run_id: str) -> int:
+        """Delete every prompt item of run_id (a resumed run redoes its steps; their old items would be generated
+        for nobody); returns how many."""
+        dropped, start = 0, "-"
+        while entries := self.r.xrange(self.prompts, min=start, count=1000):
+            ours = []
+            for entry_id, fields in entries:
+                try:
+                    if queue_pb2.PromptWork.FromString(fields.get(b"pb", b"")).run_id == run_id:
+                        ours.append(entry_id)
+                except DecodeError:
+                    pass
+            if ours:
+                self.r.xack(self.prompts, ROLLOUT_GROUP, *ours)
+                self.r.xdel(self.prompts, *ours)
+                dropped += len(ours)
+            start = "(" + entries[-1][0].decode()
+        return dropped
 
     def depths(self) -> dict[str, int]:
         pending = 0
@@ -96,7 +138,7 @@ class WorkQueue:
             self.prompts, ROLLOUT_GROUP, consumer, int(lease_timeout_s * 1000), "0-0", count=count
         )
         # Redis 6.2 answers [next, entries], Redis 7 [next, entries, deleted].
-        entries = [e for e in reclaimed[1] if e[1]]
+        entries = [e for e in reclaimed[1] if e[1] and not self._drop_if_poison(consumer, *e)]
         if not entries:
             # block=None: return at once (block=0 would wait forever).
             reply = self.r.xreadgroup(ROLLOUT_GROUP, consumer, {self.prompts: ">"}, count=count, block=block_ms or None)
@@ -109,6 +151,27 @@ class WorkQueue:
                 log.error("prompt entry %s is not a PromptWork (%s): acked and dropped", entry_id.decode(), e)
                 self.r.xack(self.prompts, ROLLOUT_GROUP, entry_id)
         return out
+
+    def _drop_if_poison(self, consumer: str, entry_id: bytes, fields: dict) -> bool:
+        """A re-claimed item delivered more than max_deliveries times (every worker that took it died or hung) is
+        acked and answered with an error group, which the coordinator counts as a dropped prompt: it neither
+        fails the step nor circles the workers forever."""
+        [pending] = self.r.xpending_range(self.prompts, ROLLOUT_GROUP, min=entry_id, max=entry_id, count=1) or [{}]
+        deliveries = pending.get("times_delivered", 0)
+        if deliveries <= self.max_deliveries:
+            return False
+        try:
+            work = queue_pb2.PromptWork.FromString(fields[b"pb"])
+        except (KeyError, DecodeError):
+            return False  # _claim drops what is not a PromptWork
+        why = f"dropped after {deliveries - 1} deliveries whose workers died or hung on it"
+        log.error("prompt entry %s (step %d, prompt %d) %s", entry_id.decode(), work.step, work.prompt_index, why)
+        group = queue_pb2.TrajectoryGroup(
+            run_id=work.run_id, step=work.step, prompt_index=work.prompt_index, eval=work.eval,
+            prompt_ids=work.prompt_ids, policy_version=work.policy_version, worker_id=consumer, error=why,
+        )  # fmt: skip
+        self.complete(entry_id.decode(), group)
+        return True
 
     def complete(self, entry_id: str, group: queue_pb2.TrajectoryGroup) -> None:
         # Ack only after the trajectory is in the stream, so a crash re-leases the prompt, never loses it.

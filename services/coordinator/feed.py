@@ -20,14 +20,25 @@ class PromptFeed:
         self._train = data.train if data else []
         self._order = PromptOrder(len(self._train), cfg.run.seed, cursor) if data else None
         self._toy: Iterator[Prompt] | None = None if data else builtin_prompts(cfg.run.seed, task.prompt_len)
+        self._toy_taken = 0
+        self.skip_to(cursor)
 
     @property
     def cursor(self) -> int:
         """Training prompts handed out so far; a resumed run starts its PromptFeed here."""
-        return self._order.cursor if self._order else 0
+        return self._order.cursor if self._order else self._toy_taken
+
+    def skip_to(self, cursor: int) -> None:
+        """Continue a resumed run's order at `cursor`: the prompts before it were handed out already."""
+        assert cursor >= self.cursor, (cursor, self.cursor)
+        if self._order is not None:
+            self._order.cursor = cursor
+        else:
+            self.take(cursor - self.cursor)
 
     def take(self, k: int) -> list[Prompt]:
         if self._toy is not None:
+            self._toy_taken += k
             return [next(self._toy) for _ in range(k)]
         return [self._train[i] for i in self._order.take(k)]
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
+from collections import Counter
 from pathlib import Path
 
 from protos.grpo.v1 import queue_pb2, trainer_pb2, trainer_pb2_grpc
@@ -12,11 +14,19 @@ from services.common.queue import WorkQueue
 from services.common.tasks import Prompt
 
 from .advantages import dr_grpo_advantages, group_advantages, groups_with_signal, overlong_penalty
+from .checkpointing import Checkpoints
 from .evaluation import eval_metrics
 from .feed import PromptFeed
 from .loggers import make_loggers
 from .metrics import MetricsLog, SampleLog, response_metrics
+from .run_record import CoordinatorState, RunRecord
 from .state import RunState
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEUES = 3
+"""Times a prompt is enqueued again after its group came back sampled by another policy version (a worker that
+joined and had not received the current weights yet) before the step goes on without it."""
 
 
 class StepFailed(RuntimeError):
@@ -40,18 +50,60 @@ class GrpoLoop:
         self.samples = SampleLog(run_dir)
         self.train_s = 0.0
         """Seconds of the steps so far, evaluations excluded: what run.train_minutes budgets."""
+        self.policy_version = state.policy_version
+        """The version every engine holds after the last refit: the only one whose groups are used."""
+        self.trained_step = state.step
+        """The last step sent to the trainer: a checkpoint is consistent only while it equals the state's step."""
+        self.record = RunRecord(run_dir)
+        self.checkpoints = Checkpoints(cfg, trainer, self.record)
+
+    def restore(self) -> None:
+        """Continue the run of this folder from its newest complete checkpoint (run.resume)."""
+        saved = self.checkpoints.restore()
+        self.feed.skip_to(saved.data_cursor)
+        self.train_s, self.policy_version, self.trained_step = saved.train_s, saved.policy_version, saved.step
+        self.metrics.start = time.time() - saved.wall_s
+        # Work of the steps being redone may still sit in the prompt stream: a worker would generate it for nobody.
+        self.queue.drop_run_work(self.state.run_id)
+        with self.state.lock:
+            self.state.step, self.state.policy_version = saved.step, saved.policy_version
+            self.state.last_eval = saved.last_eval
+
+    def checkpoint(self, step: int) -> None:
+        """Save the run's whole state as of the end of `step` (the trainer's and ours), unless already saved."""
+        if step in (0, self.checkpoints.last_step) or step != self.trained_step:
+            return
+        last_eval = self.state.last_eval
+        if (row := self.metrics.last) is not None and row.get("step") == step and "eval/accuracy" in row:
+            last_eval = {k: v for k, v in row.items() if k.startswith("eval/") or k == "step"}
+        state = CoordinatorState(
+            step=step,
+            policy_version=self.policy_version,
+            data_cursor=self.feed.cursor,
+            train_s=self.train_s,
+            wall_s=time.time() - self.metrics.start,
+            last_eval=last_eval,
+            offsets=self.record.offsets(),
+        )
+        self.checkpoints.save(state)
 
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
         cursor = self.queue.trajectories_tail()
         prompts = self.feed.take(self.cfg.coordinator.num_prompts)
-        self.queue.enqueue(self.prompt_work(step, prompts))
-        groups = self.collect(step, cursor, len(prompts))
+        items = self.prompt_work(step, prompts)
+        self.queue.enqueue(items)
+        collected = self.collect(step, cursor, items)
         generation_s = time.perf_counter() - start
+        kept = [i for i, g in enumerate(collected) if g is not None]
+        if not kept:
+            raise StepFailed(f"step {step}: every prompt was dropped (worker logs say why)")
+        prompts, groups = [prompts[i] for i in kept], [collected[i] for i in kept]
         sequences = self.advantages(groups)
         train = self.train(step, sequences)
         refit = self.refit(step)
         m = self.step_metrics(step, start, generation_s, groups, train, refit)
+        m["data/dropped_groups"] = float(len(collected) - len(groups))
         self.train_s += m["timing/total_s"]
         m["time/train_s"] = self.train_s
         budget_s = self.cfg.run.train_minutes * 60
@@ -64,6 +116,8 @@ class GrpoLoop:
         if self.save_due(step):
             m["checkpoint/policy_version"] = self.save(step)
         self.metrics.append(m)
+        if self.checkpoints.due(step, self.state.num_steps):
+            self.checkpoint(step)
         return m
 
     def sampling(self, step: int, index: int, temperature: float) -> queue_pb2.SamplingParams:
@@ -86,15 +140,21 @@ class GrpoLoop:
                 prompt_ids=self.feed.renderer.ids(p),
                 num_samples=c.num_samples,
                 sampling=self.sampling(step, i, c.temperature),
-                policy_version=self.state.policy_version,
+                policy_version=self.policy_version,
                 task=self.feed.task_spec(p),
             )
             for i, p in enumerate(prompts)
         ]
 
-    def collect(self, step: int, cursor: str, want: int, held_out: bool = False) -> list[queue_pb2.TrajectoryGroup]:
-        """Read trajectory groups until every prompt of this step has one; duplicates are dropped."""
-        got: dict[int, queue_pb2.TrajectoryGroup] = {}
+    def collect(
+        self, step: int, cursor: str, items: list[queue_pb2.PromptWork], held_out: bool = False
+    ) -> list[queue_pb2.TrajectoryGroup | None]:
+        """Read trajectory groups until every item has one, or None where its prompt was dropped: rejected by a
+        worker (a bad item, or one that failed on every delivery), or sampled by another policy version more
+        than MAX_REQUEUES times. A group of another version is never used; its item is enqueued again."""
+        want = len(items)
+        got: dict[int, queue_pb2.TrajectoryGroup | None] = {}
+        requeued: Counter[int] = Counter()
         deadline = time.monotonic() + self.cfg.coordinator.batch_timeout_s
         what = "held-out groups" if held_out else "groups"
         while len(got) < want:
@@ -104,14 +164,28 @@ class GrpoLoop:
                 raise StepFailed(f"step {step}: {len(got)}/{want} {what} after {self.cfg.coordinator.batch_timeout_s}s")
             cursor, groups = self.queue.read_trajectories(cursor, block_ms=500)
             for g in groups:
+                i = g.prompt_index
                 # A re-leased item can come back twice; its ids are deterministic, the first copy wins.
-                if g.run_id == self.state.run_id and g.step == step and g.eval == held_out and g.prompt_index < want:
-                    if g.prompt_index in got:
+                if g.run_id != self.state.run_id or g.step != step or g.eval != held_out or i >= want or i in got:
+                    continue
+                if not g.trajectories:
+                    log.warning("step %d: prompt %d dropped, rejected by %s: %s", step, i, g.worker_id, g.error)
+                    got[i] = None
+                elif g.policy_version != self.policy_version:
+                    if requeued[i] == MAX_REQUEUES:
+                        log.warning(
+                            "step %d: prompt %d dropped: stale policies sampled it %d times", step, i, MAX_REQUEUES + 1
+                        )
+                        got[i] = None
                         continue
-                    if not g.trajectories:
-                        why = g.error or "no trajectories"
-                        raise StepFailed(f"step {step}: prompt {g.prompt_index} was rejected by {g.worker_id}: {why}")
-                    got[g.prompt_index] = g
+                    requeued[i] += 1
+                    log.warning(
+                        "step %d: prompt %d came back from %s sampled by policy version %d, not %d: enqueued again",
+                        step, i, g.worker_id, g.policy_version, self.policy_version,
+                    )  # fmt: skip
+                    self.queue.enqueue([items[i]])
+                else:
+                    got[i] = g
         return [got[i] for i in range(want)]
 
     def eval_due(self, step: int) -> bool:
@@ -140,16 +214,20 @@ class GrpoLoop:
                         prompt_ids=ids,
                         num_samples=num_samples,
                         sampling=self.sampling(step, index, temperature),
-                        policy_version=self.state.policy_version,
+                        policy_version=self.policy_version,
                         task=task,
                         eval=True,
                     )
                 )
         cursor = self.queue.trajectories_tail()
         self.queue.enqueue(items)
-        groups = self.collect(step, cursor, n * (2 if k else 1), held_out=True)
-        self.samples.write(step, prompts, groups[:n], self.cfg.run.samples_per_step, held_out=True)
-        m = eval_metrics(groups[:n], groups[n:], next(iter(self.cfg.task.reward_weights())))
+        groups = self.collect(step, cursor, items, held_out=True)
+        greedy = [(p, g) for p, g in zip(prompts, groups[:n]) if g is not None]
+        if not greedy:
+            raise StepFailed(f"step {step}: every held-out prompt was dropped (worker logs say why)")
+        self.samples.write(step, [p for p, _ in greedy], [g for _, g in greedy], self.cfg.run.samples_per_step, True)
+        sampled = [g for g in groups[n:] if g is not None]
+        m = eval_metrics([g for _, g in greedy], sampled, next(iter(self.cfg.task.reward_weights())))
         m["timing/eval_s"] = time.perf_counter() - start
         return m
 
@@ -203,6 +281,7 @@ class GrpoLoop:
     def train(self, step: int, sequences: list[trainer_pb2.Sequence]) -> trainer_pb2.TrainReply:
         with (self.run_dir / "batches.jsonl").open("a") as f:
             f.write(json.dumps({"step": step, "trajectory_ids": [s.trajectory_id for s in sequences]}) + "\n")
+        self.trained_step = step
         c = self.cfg.coordinator
         request = trainer_pb2.TrainRequest(
             step=step, sequences=sequences, temperature=c.temperature, max_tokens=c.max_tokens
@@ -216,6 +295,7 @@ class GrpoLoop:
             trainer_pb2.PublishWeightsRequest(timeout_s=0), timeout=self.cfg.coordinator.rpc_timeout_s
         )
         refit_s = time.perf_counter() - start
+        self.policy_version = reply.policy_version
         with (self.run_dir / "refits.jsonl").open("a") as f:
             record = {
                 "step": step,

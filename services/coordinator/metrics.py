@@ -64,6 +64,8 @@ class MetricsLog:
         """Called with each row before it is written; the keys they return join the row (the collapse monitor's
         alert/*)."""
         self.start = time.time()
+        """time/wall_s counts from here (a resumed run moves it back by the wall time it had)."""
+        self.last: dict[str, float] | None = None
 
     def append(self, m: dict[str, float]) -> None:
         missing = [k for k in STEP_KEYS if k not in m]
@@ -81,6 +83,7 @@ class MetricsLog:
         m["time/wall_s"] = time.time() - self.start  # since the coordinator started: curves against wall time
         with self.path.open("a") as f:
             f.write(json.dumps(m) + "\n")
+        self.last = m
         for logger in self.loggers:
             logger.log(m, int(m["step"]))
 

@@ -43,6 +43,14 @@ class Runner:
         if self._thread:
             self._thread.join(timeout_s)
 
+    def _checkpoint_on_stop(self) -> None:
+        """A stopped run (StopRun, SIGTERM) saves what it completed, so that resuming loses no step. The loop
+        skips it when a step was cut between Train and its end: the trainer is then ahead of the last step."""
+        try:
+            self.loop.checkpoint(self.state.step)
+        except Exception:
+            log.exception("checkpoint at stop failed; the run resumes from its previous checkpoint")
+
     def _watch_for_collapse(self) -> CollapseMonitor:
         """Every metrics row passes the collapse monitor before it is written (its alert/* keys join the row); a
         resumed run first rebuilds the monitor's baselines from the rows it kept."""
@@ -59,6 +67,7 @@ class Runner:
         s = self.state
         final = coordinator_pb2.RUN_STATE_DONE
         try:
+            self.loop.checkpoints.load_pending()  # a resumed run: the trainer and the engines at its checkpoint
             monitor = self._watch_for_collapse()
             if s.step == 0 and not s.stop.is_set():
                 initial = self.loop.evaluate_initial()
@@ -81,6 +90,8 @@ class Runner:
             final = coordinator_pb2.RUN_STATE_STOPPED if s.stop.is_set() else coordinator_pb2.RUN_STATE_FAILED
             with s.lock:
                 s.error = f"step {s.step + 1}: {type(e).__name__}: {e}"
+        if final == coordinator_pb2.RUN_STATE_STOPPED:
+            self._checkpoint_on_stop()
         rows = self.loop.metrics.read()
         if rows:
             plot_run(rows, self.loop.run_dir / "plot.png")

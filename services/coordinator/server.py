@@ -22,6 +22,9 @@ from .servicer import CoordinatorServicer
 from .state import RunState
 from .status import make_app
 
+STOP_GRACE_S = 120.0
+"""How long a stopping coordinator waits for its run to end its step and save a checkpoint."""
+
 
 def serve(cfg: RunConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(levelname)s %(message)s")
@@ -33,7 +36,10 @@ def serve(cfg: RunConfig) -> None:
     feed = PromptFeed(cfg, None if cfg.task.name == "class_continuation" else load_task(cfg.task))
     trainer = trainer_pb2_grpc.TrainerStub(channel(f"{cfg.trainer.host}:{cfg.trainer.grpc_port}"))
     state = RunState(run_id=cfg.run.run_id, num_steps=cfg.run.num_steps)
-    runner = Runner(GrpoLoop(cfg, queue, trainer, feed, run_dir, state))
+    loop = GrpoLoop(cfg, queue, trainer, feed, run_dir, state)
+    if cfg.run.resume:
+        loop.restore()
+    runner = Runner(loop)
 
     server, port = make_server(cfg.coordinator.host, cfg.coordinator.grpc_port)
     freeze_startup_heap()
@@ -55,7 +61,7 @@ def serve(cfg: RunConfig) -> None:
     )
     stop.wait()
     runner.stop()
-    runner.join(timeout_s=10)
+    runner.join(timeout_s=STOP_GRACE_S)
     runner.loop.metrics.close()  # the trackers' last rows (a run can be started again until the service stops)
     http.should_exit = True
     server.stop(1).wait()

@@ -45,7 +45,9 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
         )
     logging.info("worker %s serving on %s with engine %s", worker_id, address, cfg.rollout.engine)
     await_current_weights(state, registered.policy_version, cfg.weightsync.transport, stop)
-    queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
+    queue = WorkQueue(
+        connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream, cfg.rollout.max_deliveries
+    )
     freeze_startup_heap()
     rewards = RewardRunner(cfg.task.reward_weights(), cfg.task.reward_timeout_s)
     limits = WorkerLimits(cfg.rollout.max_num_seqs, cfg.rollout.max_model_len, cfg.rollout.lease_timeout_s)

@@ -99,8 +99,11 @@ def test_grpo_steps_through_all_services(tmp_path, tiny_model):
     samples = _jsonl(run_dir / "samples.jsonl")
     assert sorted({s["step"] for s in samples}) == list(range(1, NUM_STEPS + 1))
     assert all(len(s["completion"]) <= 8 and s["policy_version"] == s["step"] - 1 for s in samples)
-    [saved] = _jsonl(run_dir / "checkpoints.jsonl")
+    exports = _jsonl(run_dir / "checkpoints.jsonl")
+    [saved] = [c for c in exports if not c.get("resumable")]
     assert saved["policy_version"] == NUM_STEPS
+    # and the run's whole state, resumable, at its last step
+    assert [(c["step"], c["policy_version"]) for c in exports if c.get("resumable")] == [(NUM_STEPS, NUM_STEPS)]
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in Path(saved["path"]).iterdir()}
 
     assert (run_dir / "plot.png").stat().st_size > 0

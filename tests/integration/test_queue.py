@@ -56,3 +56,33 @@ def test_each_item_goes_to_one_worker(redis_url):
         q.complete(entry_id, queue_pb2.TrajectoryGroup(prompt_index=work.prompt_index))
     assert sorted(seen) == list(range(6))
     assert q.claim("w3", block_ms=100, lease_timeout_s=60) is None
+
+
+def test_a_poison_item_is_dropped_after_its_delivery_limit(redis_url):
+    # Every worker that takes the item dies on it (it never completes): after max_deliveries the next claim
+    # answers it with an error group instead of handing it out again.
+    q = _queue(redis_url)
+    q.max_deliveries = 2
+    q.enqueue([queue_pb2.PromptWork(run_id="r", step=3, prompt_index=1, prompt_ids=[1, 2], num_samples=2)])
+    cursor = q.trajectories_tail()
+    assert q.claim("first", block_ms=100, lease_timeout_s=0.05) is not None
+    time.sleep(0.1)
+    assert q.claim("second", block_ms=100, lease_timeout_s=0.05) is not None
+    time.sleep(0.1)
+    assert q.claim("third", block_ms=100, lease_timeout_s=0.05) is None
+    assert q.depths()["prompts_pending"] == 0
+    _, [group] = q.read_trajectories(cursor, block_ms=100)
+    assert (group.run_id, group.step, group.prompt_index, len(group.trajectories)) == ("r", 3, 1, 0)
+    assert "after 2 deliveries" in group.error and group.worker_id == "third"
+
+
+def test_a_resumed_run_drops_its_own_old_work_only(redis_url):
+    q = _queue(redis_url)
+    q.enqueue(
+        [queue_pb2.PromptWork(run_id=run, step=s, prompt_index=0, prompt_ids=[1]) for run in ("a", "b") for s in (1, 2)]
+    )
+    assert q.claim("w", block_ms=100, lease_timeout_s=60) is not None  # one of a's, now pending
+    assert q.drop_run_work("a") == 2
+    assert q.depths()["prompts_pending"] == 0
+    left = [q.claim("w", block_ms=100, lease_timeout_s=60) for _ in range(3)]
+    assert [(w.run_id, w.step) for _, w in filter(None, left)] == [("b", 1), ("b", 2)]

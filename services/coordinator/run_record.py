@@ -1,0 +1,122 @@
+"""The run record: every file a run writes into its folder, and the coordinator's part of a resumable checkpoint
+(resume/step_N/run_state.json beside the trainer's train_state/), written atomically and read back on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+APPENDED = ("metrics.jsonl", "samples.jsonl", "batches.jsonl", "refits.jsonl")
+"""Files the run appends to every step: a checkpoint holds their sizes, and a resumed run cuts them back to those
+sizes first, so rows written after the checkpoint (by the run that died) appear once, when the step is redone."""
+
+RESUME_DIR = "resume"
+RUN_STATE = "run_state.json"
+"""Written last into a checkpoint folder: a checkpoint without it is incomplete and never resumed from."""
+
+
+@dataclass
+class CoordinatorState:
+    """What the coordinator needs to continue a run exactly where a checkpoint left it."""
+
+    step: int
+    policy_version: int
+    data_cursor: int
+    """Training prompts handed out: the feed's order is a pure function of (run.seed, cursor)."""
+    train_s: float
+    """Seconds of training so far, what run.train_minutes budgets."""
+    wall_s: float
+    """Wall seconds of the run so far: time/wall_s continues from here."""
+    last_eval: dict[str, float] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
+    """Size in bytes of each APPENDED file when the checkpoint was taken."""
+
+
+class RunRecord:
+    """The run folder: its appended files, its resumable checkpoints, and the checkpoints.jsonl that lists both
+    those and the HF exports."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    def offsets(self) -> dict[str, int]:
+        return {name: _size(self.run_dir / name) for name in APPENDED}
+
+    def cut_back(self, offsets: dict[str, int]) -> None:
+        """Truncate each appended file to its checkpointed size (a file the checkpoint did not know is emptied)."""
+        for name in APPENDED:
+            path = self.run_dir / name
+            if path.exists():
+                os.truncate(path, min(offsets.get(name, 0), path.stat().st_size))
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.run_dir / RESUME_DIR / f"step_{step}"
+
+    def write_state(self, folder: Path, state: CoordinatorState) -> None:
+        """run_state.json into a checkpoint folder the trainer has completed: written, flushed to disk, renamed,
+        so the folder counts as complete only once every byte of it is on disk."""
+        tmp = folder / f"{RUN_STATE}.tmp"
+        with tmp.open("w") as f:
+            json.dump(asdict(state), f)
+            f.flush()
+            os.fsync(f.fileno())
+        for path in (p for p in folder.rglob("*") if p.is_file() and p != tmp):
+            _fsync(path)  # the trainer's files: its rename made them visible, not durable
+        tmp.rename(folder / RUN_STATE)
+        _fsync(folder)
+
+    def complete_checkpoints(self) -> list[Path]:
+        """Complete resumable checkpoints, oldest first."""
+        root = self.run_dir / RESUME_DIR
+        found = [p for p in root.glob("step_*") if (p / RUN_STATE).is_file()] if root.is_dir() else []
+        return sorted(found, key=_step_of)
+
+    def latest(self) -> tuple[Path, CoordinatorState] | None:
+        checkpoints = self.complete_checkpoints()
+        if not checkpoints:
+            return None
+        folder = checkpoints[-1]
+        return folder, CoordinatorState(**json.loads((folder / RUN_STATE).read_text()))
+
+    def prune(self, keep: int) -> None:
+        """Keep the newest `keep` complete checkpoints; drop older ones and any incomplete one older than those."""
+        complete = self.complete_checkpoints()
+        if not complete:
+            return
+        oldest_kept = _step_of(complete[-keep:][0])
+        root = self.run_dir / RESUME_DIR
+        for folder in root.iterdir():
+            if _step_of(folder) < oldest_kept:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def note_checkpoint(self, record: dict) -> None:
+        with (self.run_dir / "checkpoints.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def forget_checkpoints_after(self, step: int) -> None:
+        """checkpoints.jsonl without the entries of steps a resumed run is about to redo."""
+        path = self.run_dir / "checkpoints.jsonl"
+        if path.exists():
+            rows = [line for line in path.read_text().splitlines() if line.strip()]
+            path.write_text("".join(line + "\n" for line in rows if json.loads(line)["step"] <= step))
+
+
+def _step_of(folder: Path) -> int:
+    # step_N and its trainer staging sibling step_N.partial
+    digits = folder.name.removeprefix("step_").split(".")[0]
+    return int(digits) if digits.isdigit() else -1
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

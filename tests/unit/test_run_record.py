@@ -1,0 +1,60 @@
+"""The run record: checkpoint completeness, pruning, and cutting the appended files back on resume."""
+
+import json
+
+from services.coordinator.run_record import RUN_STATE, CoordinatorState, RunRecord
+
+
+def _checkpoint(record: RunRecord, step: int, complete: bool = True) -> None:
+    folder = record.checkpoint_dir(step)
+    (folder / "train_state").mkdir(parents=True)
+    (folder / "train_state" / "shard").write_bytes(b"x")
+    if complete:
+        record.write_state(folder, CoordinatorState(step, step, step * 4, 1.0, 2.0, offsets=record.offsets()))
+
+
+def test_the_newest_complete_checkpoint_is_resumed_and_an_incomplete_one_never(tmp_path):
+    record = RunRecord(tmp_path)
+    assert record.latest() is None
+    _checkpoint(record, 2)
+    _checkpoint(record, 4, complete=False)  # the trainer wrote its part, the coordinator died before its own
+    folder, state = record.latest()
+    assert folder.name == "step_2" and (state.step, state.data_cursor) == (2, 8)
+    assert not list(folder.glob("*.tmp"))
+
+
+def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
+    record = RunRecord(tmp_path)
+    for step in (1, 2, 3):
+        _checkpoint(record, step)
+    _checkpoint(record, 4, complete=False)
+    record.prune(keep=2)
+    assert sorted(p.name for p in (tmp_path / "resume").iterdir()) == ["step_2", "step_3", "step_4"]
+
+
+def test_cut_back_removes_rows_written_after_the_checkpoint(tmp_path):
+    record = RunRecord(tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1}\n{"step": 2}\n')
+    offsets = record.offsets()
+    with metrics.open("a") as f:
+        f.write('{"step": 3}\n{"st')  # a step the run finished after the checkpoint, and a row cut by kill -9
+    (tmp_path / "refits.jsonl").write_text('{"step": 3}\n')  # a file the checkpoint did not have
+    record.cut_back(offsets)
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]
+    assert (tmp_path / "refits.jsonl").read_text() == ""
+
+
+def test_checkpoints_list_forgets_the_steps_being_redone(tmp_path):
+    record = RunRecord(tmp_path)
+    for step in (2, 4, 6):
+        record.note_checkpoint({"step": step})
+    record.forget_checkpoints_after(4)
+    rows = (tmp_path / "checkpoints.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [2, 4]
+
+
+def test_run_state_is_written_last(tmp_path):
+    record = RunRecord(tmp_path)
+    _checkpoint(record, 1)
+    assert json.loads((record.checkpoint_dir(1) / RUN_STATE).read_text())["policy_version"] == 1
