@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -42,8 +43,9 @@ def _diagnostics(tmp_path: Path, out: Path) -> str:
     return text
 
 
-def _session_processes(session_ids: set[int]) -> list[str]:
-    """Live processes of these sessions (every service is the leader of its own)."""
+def _session_processes(session_ids: set[int], mentioning: str = "\0") -> list[str]:
+    """Live processes of these sessions (every service is the leader of its own), or whose command line mentions
+    `mentioning` (torchrun starts each rank in a session of its own; their config is in the run folder)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -51,7 +53,7 @@ def _session_processes(session_ids: set[int]) -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if fields[0] != "Z" and int(fields[3]) in session_ids:
+        if fields[0] != "Z" and (int(fields[3]) in session_ids or mentioning in cmdline):
             found.append(f"{pid}: {cmdline[:150]}")
     return found
 
@@ -63,14 +65,15 @@ def test_every_service_exits_within_10s_of_the_launcher(tmp_path, tiny_model, si
     try:
         _wait_for(lambda: b"status: " in out.read_bytes(), 300, "no run started", lambda: _diagnostics(tmp_path, out))
         [(record_path, record)] = records.read_all(tmp_path)
-        sessions = {s["pgid"] for s in record["services"]}
         assert {s["name"] for s in record["services"]} == {"redis", "weightsync", "trainer", "rollout-0", "coordinator"}
-        # Each service and its guard, and torchrun's rank.
-        assert len(_session_processes(sessions)) >= 11, "\n".join(_session_processes(sessions))
+        sessions, run_dir = {s["pgid"] for s in record["services"]}, str(tmp_path / "survive")
+        left = functools.partial(_session_processes, sessions, run_dir)
+        # Each service and its guard, and torchrun's rank (in a session of its own).
+        assert len(left()) >= 11 and any("services.trainer.main" in p and "torch" not in p for p in left()), left()
 
         proc.send_signal(sig)
         killed_at = time.monotonic()
-        _wait_for(lambda: not _session_processes(sessions), 10, "processes left", lambda: _session_processes(sessions))
+        _wait_for(lambda: not left(), 10, "processes left", lambda: "\n".join(left()))
         print(f"{signal.Signals(sig).name}: every service gone after {time.monotonic() - killed_at:.1f}s")
         proc.wait(timeout=30)
     finally:
