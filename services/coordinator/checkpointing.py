@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from protos.grpo.v1 import trainer_pb2, trainer_pb2_grpc
@@ -61,12 +62,12 @@ class Checkpoints:
         log.info("resuming from %s: step %d, policy version %d", folder, state.step, state.policy_version)
         return state
 
-    def load_pending(self) -> None:
+    def load_pending(self, publish: Callable[[], object]) -> None:
         """Trainer.Load of the checkpoint being resumed from, then a refit so every engine holds those weights."""
         if self.pending_load is None:
             return
         timeout_s = self.cfg.coordinator.rpc_timeout_s
         reply = self.trainer.Load(trainer_pb2.LoadRequest(path=str(self.pending_load.resolve())), timeout=timeout_s)
-        self.trainer.PublishWeights(trainer_pb2.PublishWeightsRequest(timeout_s=0), timeout=timeout_s)
+        publish()
         log.info("trainer restored to policy version %d and the engines refitted", reply.policy_version)
         self.pending_load = None

@@ -19,6 +19,7 @@ from .evaluation import eval_metrics
 from .feed import PromptFeed
 from .loggers import make_loggers
 from .metrics import MetricsLog, SampleLog, response_metrics
+from .refits import Refits
 from .run_record import CoordinatorState, RunRecord
 from .state import RunState
 
@@ -56,6 +57,7 @@ class GrpoLoop:
         """The last step sent to the trainer: a checkpoint is consistent only while it equals the state's step."""
         self.record = RunRecord(run_dir)
         self.checkpoints = Checkpoints(cfg, trainer, self.record)
+        self.refits = Refits(trainer, queue, cfg.coordinator.rpc_timeout_s)
 
     def restore(self) -> None:
         """Continue the run of this folder from its newest complete checkpoint (run.resume)."""
@@ -162,6 +164,7 @@ class GrpoLoop:
                 raise StepFailed("run stopped while collecting trajectories")
             if time.monotonic() > deadline:
                 raise StepFailed(f"step {step}: {len(got)}/{want} {what} after {self.cfg.coordinator.batch_timeout_s}s")
+            self.refits.catch_up_joiners(self.policy_version)
             cursor, groups = self.queue.read_trajectories(cursor, block_ms=500)
             for g in groups:
                 i = g.prompt_index
@@ -290,10 +293,7 @@ class GrpoLoop:
 
     def refit(self, step: int) -> tuple[trainer_pb2.PublishWeightsReply, float]:
         start = time.perf_counter()
-        # timeout_s=0: the refit deadline is the trainer's own (weightsync.timeout_s); ours bounds the call.
-        reply = self.trainer.PublishWeights(
-            trainer_pb2.PublishWeightsRequest(timeout_s=0), timeout=self.cfg.coordinator.rpc_timeout_s
-        )
+        reply = self.refits.publish(f"step {step}")
         refit_s = time.perf_counter() - start
         self.policy_version = reply.policy_version
         with (self.run_dir / "refits.jsonl").open("a") as f:

@@ -67,7 +67,8 @@ class Runner:
         s = self.state
         final = coordinator_pb2.RUN_STATE_DONE
         try:
-            self.loop.checkpoints.load_pending()  # a resumed run: the trainer and the engines at its checkpoint
+            # A resumed run: the trainer and the engines at its checkpoint.
+            self.loop.checkpoints.load_pending(lambda: self.loop.refits.publish("resume"))
             monitor = self._watch_for_collapse()
             if s.step == 0 and not s.stop.is_set():
                 initial = self.loop.evaluate_initial()

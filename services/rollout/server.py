@@ -44,10 +44,10 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
             timeout=30,
         )
     logging.info("worker %s serving on %s with engine %s", worker_id, address, cfg.rollout.engine)
-    await_current_weights(state, registered.policy_version, cfg.weightsync.transport, stop)
     queue = WorkQueue(
         connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream, cfg.rollout.max_deliveries
     )
+    await_current_weights(state, registered.policy_version, queue, stop)
     freeze_startup_heap()
     rewards = RewardRunner(cfg.task.reward_weights(), cfg.task.reward_timeout_s)
     limits = WorkerLimits(cfg.rollout.max_num_seqs, cfg.rollout.max_model_len, cfg.rollout.lease_timeout_s)
@@ -62,26 +62,20 @@ JOIN_TIMEOUT_S = 600.0
 """How long a joining worker waits for the pull of the current version before it gives up (and exits)."""
 
 
-def await_current_weights(state: EngineState, policy_version: int, transport: str, stop: threading.Event) -> None:
-    """Take no work until the engine holds the run's current version: a worker that joins mid-run (a restart)
-    starts on model.path's weights, and would hand the trainer samples of a policy long gone.
+def await_current_weights(state: EngineState, policy_version: int, queue: WorkQueue, stop: threading.Event) -> None:
+    """Take no work until the engine holds the run's current version: a worker that joins mid-run (a restart, an
+    added worker) starts on model.path's weights, and would hand the trainer samples of a policy long gone.
 
-    weightsync fans the latest version out to a joiner when it registers, over a transport a joiner can pull
-    from (ucxx); a collective one (gloo, NCCL) needs the sender in the group, so there the joiner gets the
-    weights with the next refit, and until then generates on its start-up weights (logged)."""
+    Over a transport a joiner can pull from (ucxx) weightsync fans the latest version out to it when it registers.
+    Over a collective one (gloo, NCCL) the sender must be in the group: the worker's heartbeat says it is joining,
+    and the coordinator, seeing that, has the trainer publish its version again."""
     if policy_version == 0:  # no refit yet: the start-up weights are the current ones
         return
-    from services.weightsync.transports import choose, kind
-
-    if not kind(choose(transport)).joinable:
-        logging.warning(
-            "joined at policy version %d over %s, which cannot hand a joiner the current version: generating on "
-            "the start-up weights until the next refit",
-            policy_version, choose(transport),
-        )  # fmt: skip
-        return
+    logging.info("joining at policy version %d: waiting for its weights before taking work", policy_version)
     deadline = time.monotonic() + JOIN_TIMEOUT_S
-    while state.policy_version < policy_version and not stop.wait(0.1):
+    while state.policy_version < policy_version and not stop.is_set():
         if time.monotonic() > deadline:
             raise TimeoutError(f"policy version {policy_version} did not arrive within {JOIN_TIMEOUT_S:.0f}s")
+        queue.heartbeat(state.worker_id, policy_version=state.policy_version, joining=True, groups_done=0)
+        stop.wait(0.5)
     logging.info("joined at policy version %d", state.policy_version)

@@ -31,6 +31,16 @@ class EndpointRecord:
             self._channel = channel(self.address)
         return rollout_pb2_grpc.RolloutStub(self._channel)
 
+    def reachable(self, timeout_s: float) -> bool:
+        """Whether its Rollout server accepts a connection within timeout_s (at once on a live channel). Call
+        stub() first, under the registry's lock: that makes the channel."""
+        assert self._channel is not None
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+
     def close(self) -> None:
         """Drop the channel (a new address, a failed call): the next call connects afresh."""
         if self._channel is not None:

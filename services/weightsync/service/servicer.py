@@ -25,6 +25,9 @@ from .endpoints import EndpointRecord, RefitRecord
 
 log = logging.getLogger(__name__)
 _MAX_KEPT_REFITS = 8  # refits nobody awaited (their sender died) are forgotten after this many newer ones
+PROBE_TIMEOUT_S = 1.0
+"""How long a refit waits for a registered endpoint to accept a connection before it leaves that endpoint out
+(and forgets it: a restarted worker registers again). A live endpoint answers at once on its kept channel."""
 
 
 class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
@@ -51,8 +54,10 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
             record = self._endpoints.setdefault(
                 request.endpoint_id, EndpointRecord(request.endpoint_id, request.grpc_address)
             )
-            if record.address != request.grpc_address:
-                record.close()
+            # A process registers once, when it starts: under a known id that is a restarted worker, and the
+            # old transfer group holds its dead predecessor (same id, maybe the same address), so it is renewed.
+            record.close()
+            self._group_members = ()
             record.address, record.dtype = request.grpc_address, request.dtype
             refit = self._refits.get(self._latest)
         if refit is not None:
@@ -85,6 +90,7 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
     def PublishVersion(self, request, context):
         num_senders = self._check_publish(request)
         refit_id, refit = uuid.uuid4().hex, RefitRecord(request)
+        self._forget_unreachable()
         with self._lock:
             targets = [self._endpoints[e] for e in sorted(self._endpoints)]
             if not targets:
@@ -96,6 +102,25 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
                     del self._refits[old]
         refit.calls = self._fan_out(refit, refit_id, targets, group)
         return weightsync_pb2.PublishReply(refit_id=refit_id, group=group, num_endpoints=len(targets))
+
+    def _forget_unreachable(self) -> None:
+        """Leave out of the refit every endpoint whose server is gone (a killed worker): a collective transfer
+        with a member that never comes would wait its whole timeout, and then the refit would fail anyway."""
+        with self._lock:
+            endpoints = list(self._endpoints.values())
+            for endpoint in endpoints:
+                endpoint.stub()  # its channel, kept across refits
+        alive = list(self._pool.map(lambda e: e.reachable(PROBE_TIMEOUT_S), endpoints))
+        with self._lock:
+            for endpoint, ok in zip(endpoints, alive):
+                if not ok and self._endpoints.get(endpoint.endpoint_id) is endpoint:
+                    log.warning(
+                        "endpoint %s at %s does not answer: left out of this refit and forgotten until it registers",
+                        endpoint.endpoint_id, endpoint.address,
+                    )  # fmt: skip
+                    endpoint.close()
+                    del self._endpoints[endpoint.endpoint_id]
+                    self._group_members = ()
 
     def _check_publish(self, request: weightsync_pb2.PublishRequest) -> int:
         """The request's number of senders, once the request is found sound."""

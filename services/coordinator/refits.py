@@ -1,0 +1,60 @@
+"""Publishing the trainer's weights to the rollout engines: retried when an engine died during it, and again for
+workers that joined mid-run (a restart, an added worker) and wait for the current version before taking work."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from protos.grpo.v1 import trainer_pb2, trainer_pb2_grpc
+from services.common.queue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+MAX_TRIES = 3
+"""Tries of one refit. weightsync leaves out an engine that no longer answers, so a refit that failed because an
+engine died during it goes to the survivors the next time."""
+JOINER_CHECK_S = 2.0
+"""How often the coordinator looks for joining workers while it waits for a batch."""
+HEARTBEAT_FRESH_S = 10.0
+"""A heartbeat older than this is a worker that is gone."""
+
+
+class Refits:
+    def __init__(self, trainer: trainer_pb2_grpc.TrainerStub, queue: WorkQueue, rpc_timeout_s: float):
+        self.trainer, self.queue, self.rpc_timeout_s = trainer, queue, rpc_timeout_s
+        self._checked_at = 0.0
+
+    def publish(self, what: str) -> trainer_pb2.PublishWeightsReply:
+        """The trainer's current version to every engine that answers; raises after MAX_TRIES failed tries."""
+        for attempt in range(1, MAX_TRIES + 1):
+            try:
+                # timeout_s=0: the refit deadline is the trainer's own (weightsync.timeout_s); ours bounds the call.
+                return self.trainer.PublishWeights(
+                    trainer_pb2.PublishWeightsRequest(timeout_s=0), timeout=self.rpc_timeout_s
+                )
+            except grpc.RpcError as e:
+                # FAILED_PRECONDITION: the trainer is fine and its weights unchanged, the transfer failed.
+                if e.code() != grpc.StatusCode.FAILED_PRECONDITION or attempt == MAX_TRIES:
+                    raise
+                log.warning("%s: refit try %d of %d failed, trying again: %s", what, attempt, MAX_TRIES, e.details())
+        raise AssertionError("unreachable")
+
+    def catch_up_joiners(self, policy_version: int) -> None:
+        """Publish the current version again when a live worker says it is joining and does not hold it yet (a
+        collective transport cannot hand a joiner the weights by itself). Looks at most every JOINER_CHECK_S."""
+        if policy_version == 0 or time.monotonic() - self._checked_at < JOINER_CHECK_S:
+            return
+        self._checked_at = time.monotonic()
+        now = time.time()
+        beats = self.queue.workers().items()
+        joining = [
+            worker
+            for worker, beat in beats
+            if beat.get("joining") and now - beat["ts"] < HEARTBEAT_FRESH_S and beat["policy_version"] < policy_version
+        ]
+        if joining:
+            log.info("workers joining without version %d: %s; publishing it again", policy_version, ", ".join(joining))
+            self.publish(f"catching up {', '.join(joining)}")
