@@ -50,6 +50,48 @@ def launches(placement: Placement, config_path: Path) -> list[tuple[str, list[st
 
 
 def run_local(placement: Placement, run_dir: Path) -> int:
+    """The run to its end; after the death of a service that holds the run's state (trainer, weightsync,
+    coordinator, Redis) every service is stopped and the run resumed from its newest checkpoint, up to
+    run.max_restarts times. Then the death ends it with one line naming the process and the command that resumes."""
+    from services.coordinator.run_record import RunRecord
+
+    from .procs import ServiceDied
+
+    for restart in range(placement.cfg.run.max_restarts + 1):
+        try:
+            return run_services(placement, run_dir)
+        except ServiceDied as died:
+            latest = RunRecord(run_dir).latest()
+            resume = f"make run ARGS='run.resume=\"{run_dir}\"'"
+            if latest is None:
+                print(f"{died}\nerror: {died.service} died before the run's first checkpoint", file=sys.stderr)
+                return 1
+            if restart == placement.cfg.run.max_restarts:
+                print(
+                    f"{died}\nerror: {died.service} died after {restart} restarts; continue with: {resume}",
+                    file=sys.stderr,
+                )
+                return 1
+            print(
+                f"{died.service} died: resuming the run from step {latest[1].step} "
+                f"(restart {restart + 1} of {placement.cfg.run.max_restarts}); {died}",
+                file=sys.stderr, flush=True,
+            )  # fmt: skip
+            placement = resumed(placement, run_dir)
+    raise AssertionError("unreachable")
+
+
+def resumed(placement: Placement, run_dir: Path) -> Placement:
+    """The same placement (ports, hosts) with run.resume set: the coordinator continues from the newest checkpoint."""
+    import dataclasses
+
+    cfg = placement.cfg.model_copy(update={"run": placement.cfg.run.model_copy(update={"resume": str(run_dir)})})
+    placement = dataclasses.replace(placement, cfg=cfg)
+    placement.write_configs(run_dir)
+    return placement
+
+
+def run_services(placement: Placement, run_dir: Path) -> int:
     """Start every service under a guard (deploy/guard.py), supervise the run, stop them all at its end.
 
     The launch record (`make down`) names each service's process group, so they can be found also after a
@@ -100,7 +142,9 @@ def _supervise(placement: Placement, run_dir: Path, services, record) -> int:
     from .restarts import Restarts
     from .supervise import run_to_end, wait_ready
 
-    cfg, alive = placement.cfg, Restarts(services, on_restart=record).check_alive
+    cfg = placement.cfg
+    limits = {"redis": cfg.run.max_restarts}  # rollout workers: rollout.max_restarts each
+    alive = Restarts(services, record, lambda name: limits.get(name, cfg.rollout.max_restarts)).check_alive
     print(f"run {cfg.run.run_id}: starting services (logs in {run_dir / 'logs'})", flush=True)
     wait_ready([a.address for a in placement.services], alive)
     return run_to_end(cfg, placement.get("coordinator").address, placement.status_url, alive)

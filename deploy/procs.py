@@ -70,6 +70,14 @@ def restart(s: Service) -> Service:
     return start(s.name, s.cmd, s.log, s.env, guard=s.guarded)
 
 
+class ServiceDied(RuntimeError):
+    """A service of the run exited; `service` names it, the message holds its log's tail."""
+
+    def __init__(self, s: Service, prefix: str = ""):
+        super().__init__(prefix + exit_message(s))
+        self.service = s.name
+
+
 def exit_message(s: Service) -> str:
     tail = s.log.read_text(errors="replace").splitlines()[-15:]
     return f"{s.name} exited with {s.proc.returncode}; last lines of {s.log}:\n" + "\n".join(tail)
@@ -78,7 +86,7 @@ def exit_message(s: Service) -> str:
 def check_alive(services: list[Service]) -> None:
     for s in services:
         if s.proc.poll() is not None:
-            raise RuntimeError(exit_message(s))
+            raise ServiceDied(s)
 
 
 STOP_GRACE_S = 8.0
@@ -86,11 +94,23 @@ STOP_GRACE_S = 8.0
 peer is gone, a dead Redis) must not keep the launcher's promise, every service gone within 10 s, from holding."""
 
 
+FIRST_TO_STOP = "coordinator"
+"""Stopped before the others: a stopped run checkpoints its last complete step, which needs the trainer."""
+
+
 def stop_all(services: list[Service], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM every process group (newest first), then SIGKILL what is left after grace_s."""
+    """SIGTERM the coordinator and wait for it (most of grace_s), then every other process group (newest first);
+    SIGKILL what is left after grace_s in all."""
+    deadline = time.monotonic() + grace_s
+    first = [s for s in services if s.name == FIRST_TO_STOP and s.proc.poll() is None]
+    for s in first:
+        _signal_group(s.proc, signal.SIGTERM)
+        try:
+            s.proc.wait(timeout=max(0.1, deadline - 2.0 - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
     for s in reversed(services):
         _signal_group(s.proc, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
     for s in reversed(services):
         try:
             s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))

@@ -11,10 +11,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from .procs import Service, exit_message, restart
+from .procs import Service, ServiceDied, restart
 
-MAX_RESTARTS = 5
-"""Restarts of one rollout worker over a run before its death ends the run (meant to become a config key)."""
 BACKOFF_S = 2.0
 """Wait before the first restart; doubled for each further one, up to MAX_BACKOFF_S: a worker that dies at start
 (a bad engine setting, no memory) is not restarted in a tight loop."""
@@ -23,8 +21,10 @@ MAX_BACKOFF_S = 60.0
 
 def restartable(name: str) -> bool:
     """Rollout workers hold nothing the run cannot redo: their leased prompts go back to the queue, and their
-    weights come from the trainer. Trainer, weightsync, coordinator and Redis hold the run's state."""
-    return name.startswith("rollout-")
+    weights come from the trainer. Redis holds the queue, but in its append-only file, fsynced on every write: it
+    comes back with every acknowledged write while its clients retry their calls. Trainer, weightsync and the
+    coordinator hold the run's state in memory: their death makes the launcher resume the run (deploy/local.py)."""
+    return name.startswith("rollout-") or name == "redis"
 
 
 def backoff_s(num_restarts: int) -> float:
@@ -35,8 +35,9 @@ class Restarts:
     """check_alive for the launcher's loop: restarts a dead rollout worker in place in `services` once its backoff
     has passed (never blocking the loop), and raises for any other dead service or a worker past its limit."""
 
-    def __init__(self, services: list[Service], on_restart: Callable[[], None], max_restarts: int = MAX_RESTARTS):
+    def __init__(self, services: list[Service], on_restart: Callable[[], None], max_restarts: Callable[[str], int]):
         self.services, self.on_restart, self.max_restarts = services, on_restart, max_restarts
+        """Restarts a service may have, by its name."""
         self.num_restarts: dict[str, int] = {}
         self.due_at: dict[str, float] = {}
 
@@ -46,13 +47,13 @@ class Restarts:
                 continue
             n = self.num_restarts.get(s.name, 0)
             if not restartable(s.name):
-                raise RuntimeError(exit_message(s))
-            if n >= self.max_restarts:
-                raise RuntimeError(f"{s.name} died after {n} restarts: " + exit_message(s))
+                raise ServiceDied(s)
+            if n >= self.max_restarts(s.name):
+                raise ServiceDied(s, f"{s.name} died after {n} restarts: ")
             if s.name not in self.due_at:
                 self.due_at[s.name] = time.monotonic() + backoff_s(n)
                 print(
-                    f"{s.name} exited with {s.proc.returncode}; restart {n + 1} of {self.max_restarts} "
+                    f"{s.name} exited with {s.proc.returncode}; restart {n + 1} of {self.max_restarts(s.name)} "
                     f"in {backoff_s(n):.0f}s",
                     file=sys.stderr,
                     flush=True,

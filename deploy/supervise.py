@@ -7,6 +7,8 @@ import sys
 import time
 from collections.abc import Callable
 
+import grpc
+
 from services.common.config import RunConfig
 
 
@@ -58,12 +60,26 @@ def run_to_end(cfg: RunConfig, coordinator: str, status_url: str, check_alive: C
             print(f"run {cfg.run.run_id} has all {cfg.run.num_steps} steps already", flush=True)
             return 0
         status = _show_steps(client, client.start_run(cfg.run.num_steps - done), check_alive)
+    if status.state == coordinator_pb2.RUN_STATE_FAILED:
+        _blame_a_death(check_alive)
     state = coordinator_pb2.RunState.Name(status.state)
     run_dir = f"{cfg.run.output_dir}/{cfg.run.run_id}"
     print(f"run {cfg.run.run_id} ended: {state} after {status.step} steps; {run_dir}/metrics.jsonl", flush=True)
     if status.error:
         print(f"error: {status.error}", file=sys.stderr)
     return 0 if status.state == coordinator_pb2.RUN_STATE_DONE else 1
+
+
+DEATH_GRACE_S = 15.0
+"""After a failed step, how long the launcher waits to see whether a service is dying (torchrun takes a few seconds
+to end its other ranks after one died): a death makes the run resume, a failure with every service alive ends it."""
+
+
+def _blame_a_death(check_alive: Callable[[], None]) -> None:
+    deadline = time.monotonic() + DEATH_GRACE_S
+    while time.monotonic() < deadline:
+        check_alive()
+        time.sleep(0.5)
 
 
 def _show_steps(client, status, check_alive: Callable[[], None]):
@@ -79,7 +95,11 @@ def _show_steps(client, status, check_alive: Callable[[], None]):
     while status.state == coordinator_pb2.RUN_STATE_RUNNING:
         time.sleep(0.5)
         check_alive()
-        status = client.status()
+        try:
+            status = client.status()
+        except grpc.RpcError:
+            _blame_a_death(check_alive)  # the coordinator itself, most likely
+            raise
         if status.step > shown:
             bar.write(row(dict(status.last_metrics)))
             bar.update(status.step - shown)

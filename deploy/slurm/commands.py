@@ -34,4 +34,4 @@ def srun(placement: Placement, a: Assignment, config_path: Path, python: str = s
 def _redis_args(a: Assignment, data_dir: Path) -> list[str]:
     # As services.common.redis_server starts it locally: AOF every second, no RDB snapshots.
     args = ["--port", str(a.ports["redis"]), "--bind", a.host, "--dir", str(data_dir.resolve())]
-    return args + ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
+    return args + ["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"]

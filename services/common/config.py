@@ -46,6 +46,11 @@ class RunSection(_Section):
     keep_checkpoints: int = Field(default=2, ge=1)
     """Resumable checkpoints (resume/step_N) kept; older ones are deleted once a newer one is complete. The HF
     exports of run.save_every are never deleted."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Times `make run` resumes the run from its newest checkpoint by itself after the trainer, weightsync or the
+    coordinator died, and restarts a dead Redis in place (from its append-only file; rollout workers are restarted
+    alone, see rollout.max_restarts); then a death ends the run with one line naming the process and the command
+    that resumes it. 0 = a death ends the run."""
     resume: str = ""
     """A run folder (`runs/<id>`) to continue from its newest complete checkpoint: its config.toml is the base
     (the overrides given with run.resume apply on top), and its run_id and output_dir are kept."""
@@ -199,6 +204,9 @@ class RolloutSection(_Section):
     """gRPC port of worker 0 (worker i uses grpc_port + i); 0 = free ports at launch."""
     lease_timeout_s: float = Field(default=60.0, gt=0)
     """Idle time after which another worker claims a pending prompt of a dead one."""
+    max_restarts: int = Field(default=5, ge=0)
+    """Restarts of one rollout worker by the launcher over a run (2 s after its death, doubling up to 60 s) before
+    its death ends the run; 0 = a dead worker ends the run."""
     max_deliveries: int = Field(default=3, ge=1)
     """Deliveries of one prompt item (each worker that took it died or hung on it) before it is dropped: the
     step goes on without that prompt and counts it in data/dropped_groups."""

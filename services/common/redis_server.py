@@ -20,9 +20,9 @@ def redis_binary() -> str:
 
 
 def redis_command(port: int, data_dir: str | Path) -> list[str]:
-    """A Redis with AOF (everysec) on 127.0.0.1:port, its files in data_dir."""
+    """A Redis with AOF (fsynced on every write) on 127.0.0.1:port, its files in data_dir."""
     args = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data_dir)]
-    return args + ["--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
+    return args + ["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"]
 
 
 def start_redis(port: int, data_dir: str | Path, timeout_s: float = 20.0) -> subprocess.Popen:
