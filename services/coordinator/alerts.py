@@ -7,37 +7,9 @@ import logging
 import math
 from dataclasses import asdict, dataclass
 
+from services.common.config import AlertsSection as AlertThresholds
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AlertThresholds:
-    eval_drop: float = 0.10
-    """Warn when eval/accuracy falls this far (absolute) below the run's first evaluation: the collapses seen on
-    2 prompts x 4 samples fell 13-29 points within 10-20 steps, a steady run stays within ~5 of its start."""
-    eval_drop_stderrs: float = 2.0
-    """...or this many binomial standard errors of one evaluation at the first accuracy, when that is more: 0.048 at
-    100 prompts and 0.35 accuracy (two: 0.095, so eval_drop decides), 0.11 at 20 prompts (two: 0.21)."""
-    shift_z: float = 5.0
-    """Warn when a step's value lies this many running standard deviations from its running mean (the spread comes
-    from ~40 steps' worth of memory, so it is itself off by ~10-20 %: 4 gave a false warning in 4,000 steady
-    steps of 8 completions; the collapses seen moved 7-10 of them at once)..."""
-    entropy_min_shift: float = 0.3
-    """...and at least this fraction of the running mean away (response/neg_logprob, the sampled tokens' entropy)..."""
-    length_min_shift: float = 0.3
-    """...or this fraction of the running mean away (avg_generated_tokens)..."""
-    eos_min_shift: float = 0.25
-    """...or this far in absolute terms (response/eos_frac)..."""
-    eos_tail_p: float = 1e-4
-    """...and, with the step's number of completions known, only when a count of EOS endings that far out has at most
-    this chance under the running share (a binomial tail): a few completions' share jumps by chance far more often
-    than a normal z says (at 8 a step and a share of 0.22, 6 EOS come once in ~700 steps), so at 8 a step only all
-    8 ending at EOS from a share under ~0.3 warns, at 32 a move of ~0.3."""
-    baseline_steps: int = 20
-    """Memory of the running baseline: a plain mean over the first steps, then an exponential average with weight
-    1 / baseline_steps, so a slow drift (the completions shortening as the model learns the format) never warns."""
-    warmup_steps: int = 5
-    """Steps that only build the baseline: the first steps' estimate of the spread is too noisy to judge by."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +57,8 @@ class RunningBaseline:
 class CollapseMonitor:
     """Keeps the first evaluation and a running baseline per shift signal; observe() judges each metrics row."""
 
-    def __init__(
-        self, thresholds: AlertThresholds = AlertThresholds(), num_eval_prompts: int = 0, num_completions: int = 0
-    ):
+    def __init__(self, thresholds: AlertThresholds | None = None, num_eval_prompts: int = 0, num_completions: int = 0):
+        thresholds = thresholds or AlertThresholds()
         self.t, self.num_eval_prompts, self.num_completions = thresholds, num_eval_prompts, num_completions
         """Held-out prompts of an evaluation, and completions of a step (0 = unknown: the thresholds alone judge)."""
         self.first_eval: tuple[int, float] | None = None

@@ -56,9 +56,8 @@ class Runner:
         resumed run first rebuilds the monitor's baselines from the rows it kept."""
         if self.monitor is None:
             c = self.loop.cfg.coordinator
-            self.monitor = CollapseMonitor(
-                num_eval_prompts=len(self.loop.feed.eval_prompts), num_completions=c.num_prompts * c.num_samples
-            )
+            num_eval_prompts = len(self.loop.feed.eval_prompts)
+            self.monitor = CollapseMonitor(c.alerts, num_eval_prompts, num_completions=c.num_prompts * c.num_samples)
             self.monitor.prime(self.loop.metrics.read())
             self.loop.metrics.observers.append(self.monitor.observe)
         return self.monitor
