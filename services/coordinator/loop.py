@@ -163,7 +163,10 @@ class GrpoLoop:
             if self.state.stop.is_set():
                 raise StepFailed("run stopped while collecting trajectories")
             if time.monotonic() > deadline:
-                raise StepFailed(f"step {step}: {len(got)}/{want} {what} after {self.cfg.coordinator.batch_timeout_s}s")
+                raise StepFailed(
+                    f"step {step}: {len(got)}/{want} {what} after coordinator.batch_timeout_s="
+                    f"{self.cfg.coordinator.batch_timeout_s}s; {self._who_works()}"
+                )
             self.refits.catch_up_joiners(self.policy_version)
             cursor, groups = self.queue.read_trajectories(cursor, block_ms=500)
             for g in groups:
@@ -190,6 +193,13 @@ class GrpoLoop:
                 else:
                     got[i] = g
         return [got[i] for i in range(want)]
+
+    def _who_works(self) -> str:
+        """The queue and the workers as the coordinator sees them, for an error that names the wait's peers."""
+        depths, now = self.queue.depths(), time.time()
+        beats = {w: now - b["ts"] for w, b in self.queue.workers().items()}
+        live = sorted(w for w, age in beats.items() if age < 10) or "none"
+        return f"prompt items pending {depths['prompts_pending']}; workers with a heartbeat in the last 10 s: {live}"
 
     def eval_due(self, step: int) -> bool:
         every = self.cfg.run.eval_every

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from protos.grpo.v1 import queue_pb2
 from services.common.config import load_config
 from services.common.queue import WorkQueue, connect
-from services.coordinator.loop import MAX_REQUEUES, GrpoLoop
+from services.coordinator.loop import MAX_REQUEUES, GrpoLoop, StepFailed
 from services.coordinator.state import RunState
 
 
@@ -62,3 +64,16 @@ def test_a_prompt_only_stale_workers_sample_is_dropped_after_the_requeue_limit(t
         loop.queue.complete("0-1", g)
     got = loop.collect(4, cursor, _items(2))
     assert got[0] is not None and got[1] is None
+
+
+def test_a_batch_that_never_completes_fails_naming_the_queue_and_the_workers(tmp_path, redis_url):
+    loop = _loop(tmp_path, redis_url)
+    loop.cfg.coordinator.batch_timeout_s = 1.0
+    loop.queue.heartbeat("rollout-7@host:1", policy_version=3)
+    cursor = loop.queue.trajectories_tail()
+    loop.queue.enqueue(_items(2))
+    loop.queue.complete("0-1", _group(0))
+    with pytest.raises(StepFailed) as e:
+        loop.collect(4, cursor, _items(2))
+    assert "1/2 groups after coordinator.batch_timeout_s=1.0s" in str(e.value)
+    assert "rollout-7@host:1" in str(e.value)
