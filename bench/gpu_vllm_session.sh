@@ -7,6 +7,7 @@
 #   bash bench/gpu_vllm_session.sh rollout   # unpack, bench/rollout.py only
 #   bash bench/gpu_vllm_session.sh host      # bench/vllm_host.py: vLLM's defaults, detokenize off, both off
 #   bash bench/gpu_vllm_session.sh grpo      # bench/gpu_vllm.py: colocated GRPO, vLLM (keep / sleep) and hf
+#   bash bench/gpu_vllm_session.sh recover   # bench/gpu_recover.py: the colocated run's worker killed mid-run
 #   bash bench/gpu_vllm_session.sh refit [--steps 6]  # bench/gpu_vllm.py --variants vllm: the refit, first with the
 #       tree in .old (an earlier commit: git archive REV | tar -x -C .old, carried) where there is one, then this one
 #   bash bench/gpu_vllm_session.sh smollm2 [--variants vllm,hf]  # bench/gpu_vllm.py on SmolLM2-135M-Instruct (real
@@ -100,5 +101,9 @@ case "${1:-}" in
       tar czf "$OUT/logs_$name.tgz" /tmp/gpu_vllm_$name/*/logs 2>/dev/null
     done
     ;;
-  *) echo "usage: $0 tests|pytest|rollout|host|grpo|smollm2|refit|pack-smollm2"; exit 2 ;;
+  recover)
+    timeout 560 python3 bench/gpu_recover.py --out "$OUT/gpu_recover.json" "${@:2}" 2>&1 | tail -25
+    tar czf "$OUT/logs_recover.tgz" /tmp/gpu_recover/launcher.log /tmp/gpu_recover/recover/logs 2>/dev/null
+    ;;
+  *) echo "usage: $0 tests|pytest|rollout|host|grpo|smollm2|refit|recover|pack-smollm2"; exit 2 ;;
 esac

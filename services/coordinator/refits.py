@@ -13,9 +13,10 @@ from services.common.queue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-MAX_TRIES = 3
-"""Tries of one refit. weightsync leaves out an engine that no longer answers, so a refit that failed because an
-engine died during it goes to the survivors the next time."""
+RETRY_FOR_S = 300.0
+"""How long one refit is tried again (after 1 s, doubling up to 15 s) while its transfer fails: weightsync leaves out
+an engine that no longer answers, so a refit that failed because an engine died during it goes to the survivors
+the next time; with no engine left, it waits for the launcher's restarted one (a GPU vLLM engine starts in ~1 min)."""
 JOINER_CHECK_S = 2.0
 """How often the coordinator looks for joining workers while it waits for a batch."""
 HEARTBEAT_FRESH_S = 10.0
@@ -28,8 +29,9 @@ class Refits:
         self._checked_at = 0.0
 
     def publish(self, what: str) -> trainer_pb2.PublishWeightsReply:
-        """The trainer's current version to every engine that answers; raises after MAX_TRIES failed tries."""
-        for attempt in range(1, MAX_TRIES + 1):
+        """The trainer's current version to every engine that answers; raises once RETRY_FOR_S has passed."""
+        deadline, wait_s, attempt = time.monotonic() + RETRY_FOR_S, 1.0, 1
+        while True:
             try:
                 # timeout_s=0: the refit deadline is the trainer's own (weightsync.timeout_s); ours bounds the call.
                 return self.trainer.PublishWeights(
@@ -37,10 +39,11 @@ class Refits:
                 )
             except grpc.RpcError as e:
                 # FAILED_PRECONDITION: the trainer is fine and its weights unchanged, the transfer failed.
-                if e.code() != grpc.StatusCode.FAILED_PRECONDITION or attempt == MAX_TRIES:
+                if e.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() + wait_s > deadline:
                     raise
-                log.warning("%s: refit try %d of %d failed, trying again: %s", what, attempt, MAX_TRIES, e.details())
-        raise AssertionError("unreachable")
+                log.warning("%s: refit try %d failed, again in %.0fs: %s", what, attempt, wait_s, e.details())
+            time.sleep(wait_s)
+            wait_s, attempt = min(2 * wait_s, 15.0), attempt + 1
 
     def catch_up_joiners(self, policy_version: int) -> None:
         """Publish the current version again when a live worker says it is joining and does not hold it yet (a
