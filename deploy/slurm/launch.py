@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import subprocess
@@ -14,7 +13,8 @@ from services.common.config import RunConfig
 
 from .. import records
 from ..placement import Assignment, Placement, format_placement, place
-from ..procs import Service, check_alive, stop_all
+from ..procs import Service, ServiceDied, check_alive, stop_all
+from ..restarts import Restarts
 from ..supervise import run_to_end, shield_cleanup, stop_on_sigterm, wait_ready
 from .cluster import allocation
 from .commands import srun, step_name
@@ -47,12 +47,20 @@ def run(placement: Placement, run_dir: Path) -> int:
             services.append(_start(a, srun(placement, a, run_dir / "config.toml"), run_dir / "logs"))
             if a.service == "redis":
                 _wait_redis(cfg.redis.url, services)
-        alive = functools.partial(check_alive, services)
+        # A dead rollout worker or Redis is started again as a new job step, as `make run` does (deploy/restarts.py).
+        limits = {"redis": cfg.run.max_restarts}
+        alive = Restarts(services, lambda: None, lambda name: limits.get(name, cfg.rollout.max_restarts)).check_alive
         wait_ready([a.address for a in placement.services], alive)
         return run_to_end(cfg, placement.get("coordinator").address, placement.status_url, alive)
     except KeyboardInterrupt:
         print("\ninterrupted: stopping every job step", file=sys.stderr)
         return 130
+    except ServiceDied as died:
+        print(
+            f"{died}\nerror: {died.service} died; continue with: make up ARGS='run.resume=\"{run_dir}\"'",
+            file=sys.stderr,
+        )
+        return 1
     finally:
         shield_cleanup()
         stop_steps(services, job_id, cfg.run.run_id)
@@ -66,7 +74,7 @@ def _start(a: Assignment, cmd: list[str], log_dir: Path) -> Service:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(a.threads)}
     # Own session: a Ctrl-C in the terminal reaches the launcher only, which stops the steps in order.
     proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Service(a.service, proc, log)
+    return Service(a.service, proc, log, cmd, env)
 
 
 def _wait_redis(url: str, services: list[Service], timeout_s: float = 120.0) -> None:

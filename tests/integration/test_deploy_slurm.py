@@ -170,6 +170,20 @@ def test_make_down_stops_a_running_job(slurm_env, tmp_path, tiny_model):
     assert _job_listed(slurm_env, job_id)
     assert _processes_mentioning(str(run_dir))
 
+    # A rollout worker killed inside the job is started again as a new job step, and the run goes on.
+    [worker] = [p for p in _processes_mentioning(str(run_dir)) if "-m services.rollout.main" in p and "srun" not in p]
+    os.kill(int(worker.split(":")[0]), 9)
+    done = len(metrics.read_text().splitlines())
+    log = run_dir / "logs" / "rollout-0.log"
+    _wait_for(
+        lambda: "restarted by the launcher" in log.read_text(),
+        60,
+        "worker not restarted",
+        lambda: _diagnostics(run_dir),
+    )
+    _wait_for(lambda: len(metrics.read_text().splitlines()) > done + 1, 300, "no step after the restart",
+              lambda: _diagnostics(run_dir))  # fmt: skip
+
     down = _make("down", slurm_env, f"run.output_dir={out_dir}")
     assert down.returncode == 0, down.stdout + down.stderr
     assert "stopping run stopme (slurm)" in down.stdout
