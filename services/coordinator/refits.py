@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import grpc
 
@@ -23,20 +24,30 @@ HEARTBEAT_FRESH_S = 10.0
 """A heartbeat older than this is a worker that is gone."""
 
 
+@dataclass
+class Refit:
+    """One version published to the engines: the trainer's reply, and the call's seconds (retries included)."""
+
+    reply: trainer_pb2.PublishWeightsReply
+    seconds: float
+
+
 class Refits:
     def __init__(self, trainer: trainer_pb2_grpc.TrainerStub, queue: WorkQueue, rpc_timeout_s: float):
         self.trainer, self.queue, self.rpc_timeout_s = trainer, queue, rpc_timeout_s
         self._checked_at = 0.0
 
-    def publish(self, what: str) -> trainer_pb2.PublishWeightsReply:
+    def publish(self, what: str) -> Refit:
         """The trainer's current version to every engine that answers; raises once RETRY_FOR_S has passed."""
+        start = time.perf_counter()
         deadline, wait_s, attempt = time.monotonic() + RETRY_FOR_S, 1.0, 1
         while True:
             try:
                 # timeout_s=0: the refit deadline is the trainer's own (weightsync.timeout_s); ours bounds the call.
-                return self.trainer.PublishWeights(
+                reply = self.trainer.PublishWeights(
                     trainer_pb2.PublishWeightsRequest(timeout_s=0), timeout=self.rpc_timeout_s
                 )
+                return Refit(reply, time.perf_counter() - start)
             except grpc.RpcError as e:
                 # FAILED_PRECONDITION: the trainer is fine and its weights unchanged, the transfer failed.
                 if e.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() + wait_s > deadline:

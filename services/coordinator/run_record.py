@@ -8,6 +8,10 @@ import os
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .refits import Refit
 
 APPENDED = ("metrics.jsonl", "samples.jsonl", "batches.jsonl", "refits.jsonl")
 """Files the run appends to every step: a checkpoint holds their sizes, and a resumed run cuts them back to those
@@ -92,8 +96,36 @@ class RunRecord:
             if _step_of(folder) < oldest_kept:
                 shutil.rmtree(folder, ignore_errors=True)
 
+    def note_batch(self, step: int, trajectory_ids: list[str]) -> None:
+        """batches.jsonl: the trajectory ids of each training batch."""
+        self._append("batches.jsonl", {"step": step, "trajectory_ids": trajectory_ids})
+
+    def note_refit(self, step: int, refit: Refit) -> None:
+        """refits.jsonl: each refit's checksums, and where its seconds went: the trainer's gather, its publish
+        (send, the engines' loads, verification) and each engine's LoadWeights."""
+        r = refit.reply
+        self._append(
+            "refits.jsonl",
+            {
+                "step": step,
+                "policy_version": r.policy_version,
+                "checksum": r.checksum,
+                "received_checksums": dict(r.received_checksums),
+                "num_readback_verified": r.num_readback_verified,
+                "payload_bytes": r.payload_bytes,
+                "refit_s": refit.seconds,
+                "gather_s": r.gather_s,
+                "publish_s": r.publish_s,
+                "apply_s": dict(r.apply_s),
+            },
+        )
+
     def note_checkpoint(self, record: dict) -> None:
-        with (self.run_dir / "checkpoints.jsonl").open("a") as f:
+        """checkpoints.jsonl: the HF exports and the resumable checkpoints."""
+        self._append("checkpoints.jsonl", record)
+
+    def _append(self, name: str, record: dict) -> None:
+        with (self.run_dir / name).open("a") as f:
             f.write(json.dumps(record) + "\n")
 
     def forget_checkpoints_after(self, step: int) -> None:

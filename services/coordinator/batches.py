@@ -1,0 +1,152 @@
+"""Where a step's batch comes from: the synchronous batch source enqueues a step's prompts at the one policy version
+it accepts and collects their groups, dropping what must not be trained on."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from protos.grpo.v1 import queue_pb2
+from services.common.config import RunConfig
+from services.common.queue import WorkQueue
+from services.common.tasks import Prompt
+
+from .feed import PromptFeed
+from .refits import Refits
+from .state import RunState
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEUES = 3
+"""Times a prompt is enqueued again after its group came back sampled by another policy version (a worker that
+joined and had not received the current weights yet) before the step goes on without it."""
+
+
+class StepFailed(RuntimeError):
+    """A step could not complete; the message says which part and why."""
+
+
+@dataclass
+class Batch:
+    prompts: list[Prompt]
+    groups: list[queue_pb2.TrajectoryGroup]
+    """One per prompt, in the prompts' order."""
+    num_dropped: int
+    """Prompts of the step left out: rejected, undeliverable, or only ever sampled by another version."""
+    generation_s: float
+
+
+class SyncBatches:
+    """Synchronous GRPO: every group of a batch is sampled by `policy_version`, the version all engines hold."""
+
+    def __init__(self, cfg: RunConfig, queue: WorkQueue, feed: PromptFeed, state: RunState, refits: Refits):
+        self.cfg, self.queue, self.feed, self.state, self.refits = cfg, queue, feed, state, refits
+        self.policy_version = state.policy_version
+        """The version every engine holds after the last refit: the only one whose groups are used."""
+
+    def take(self, step: int) -> Batch:
+        start = time.perf_counter()
+        cursor = self.queue.trajectories_tail()
+        prompts = self.feed.take(self.cfg.coordinator.num_prompts)
+        items = self.prompt_work(step, prompts)
+        self.queue.enqueue(items)
+        collected = self.collect(step, cursor, items)
+        kept = [i for i, g in enumerate(collected) if g is not None]
+        if not kept:
+            raise StepFailed(f"step {step}: every prompt was dropped (worker logs say why)")
+        return Batch(
+            [prompts[i] for i in kept], [collected[i] for i in kept], len(prompts) - len(kept),
+            time.perf_counter() - start,
+        )  # fmt: skip
+
+    def held_out(self, step: int, prompts: list[Prompt], k: int) -> list[queue_pb2.TrajectoryGroup | None]:
+        """Greedy groups of the held-out prompts, then (k > 0) k samples each at the run's temperature."""
+        n, items = len(prompts), []
+        for i, p in enumerate(prompts):
+            runs = [(i, 1, 0.0)] + ([(n + i, k, self.cfg.coordinator.temperature)] if k else [])
+            items += [self._work(step, index, p, num, temperature, held_out=True) for index, num, temperature in runs]
+        cursor = self.queue.trajectories_tail()
+        self.queue.enqueue(items)
+        return self.collect(step, cursor, items, held_out=True)
+
+    def sampling(self, step: int, index: int, temperature: float) -> queue_pb2.SamplingParams:
+        c = self.cfg.coordinator
+        return queue_pb2.SamplingParams(
+            temperature=temperature,
+            top_p=c.top_p,
+            max_tokens=c.max_tokens,
+            ignore_eos=c.ignore_eos,
+            seed=(self.cfg.run.seed * 1_000_003 + step * 10_007 + index) % 2**63 + 1,
+        )
+
+    def prompt_work(self, step: int, prompts: list[Prompt]) -> list[queue_pb2.PromptWork]:
+        c = self.cfg.coordinator
+        return [self._work(step, i, p, c.num_samples, c.temperature) for i, p in enumerate(prompts)]
+
+    def _work(
+        self, step: int, index: int, p: Prompt, num_samples: int, temperature: float, held_out: bool = False
+    ) -> queue_pb2.PromptWork:
+        return queue_pb2.PromptWork(
+            run_id=self.state.run_id,
+            step=step,
+            prompt_index=index,
+            prompt_ids=self.feed.renderer.ids(p),
+            num_samples=num_samples,
+            sampling=self.sampling(step, index, temperature),
+            policy_version=self.policy_version,
+            task=self.feed.task_spec(p),
+            eval=held_out,
+        )
+
+    def collect(
+        self, step: int, cursor: str, items: list[queue_pb2.PromptWork], held_out: bool = False
+    ) -> list[queue_pb2.TrajectoryGroup | None]:
+        """Read trajectory groups until every item has one, or None where its prompt was dropped: rejected by a
+        worker (a bad item, or one that failed on every delivery), or sampled by another policy version more
+        than MAX_REQUEUES times. A group of another version is never used; its item is enqueued again."""
+        want = len(items)
+        got: dict[int, queue_pb2.TrajectoryGroup | None] = {}
+        requeued: Counter[int] = Counter()
+        deadline = time.monotonic() + self.cfg.coordinator.batch_timeout_s
+        what = "held-out groups" if held_out else "groups"
+        while len(got) < want:
+            if self.state.stop.is_set():
+                raise StepFailed("run stopped while collecting trajectories")
+            if time.monotonic() > deadline:
+                raise StepFailed(
+                    f"step {step}: {len(got)}/{want} {what} after coordinator.batch_timeout_s="
+                    f"{self.cfg.coordinator.batch_timeout_s}s; {self._who_works()}"
+                )
+            self.refits.catch_up_joiners(self.policy_version)
+            cursor, groups = self.queue.read_trajectories(cursor, block_ms=500)
+            for g in groups:
+                i = g.prompt_index
+                # A re-leased item can come back twice; its ids are deterministic, the first copy wins.
+                if g.run_id != self.state.run_id or g.step != step or g.eval != held_out or i >= want or i in got:
+                    continue
+                if not g.trajectories:
+                    log.warning("step %d: prompt %d dropped, rejected by %s: %s", step, i, g.worker_id, g.error)
+                    got[i] = None
+                elif g.policy_version != self.policy_version:
+                    if requeued[i] == MAX_REQUEUES:
+                        log.warning("step %d: prompt %d dropped: only stale policies sampled it", step, i)
+                        got[i] = None
+                        continue
+                    requeued[i] += 1
+                    log.warning(
+                        "step %d: prompt %d came back from %s sampled by policy version %d, not %d: enqueued again",
+                        step, i, g.worker_id, g.policy_version, self.policy_version,
+                    )  # fmt: skip
+                    self.queue.enqueue([items[i]])
+                else:
+                    got[i] = g
+        return [got[i] for i in range(want)]
+
+    def _who_works(self) -> str:
+        """The queue and the workers as the coordinator sees them, for an error that names the wait's peers."""
+        depths, now = self.queue.depths(), time.time()
+        beats = {w: now - b["ts"] for w, b in self.queue.workers().items()}
+        live = sorted(w for w, age in beats.items() if age < 10) or "none"
+        return f"prompt items pending {depths['prompts_pending']}; workers with a heartbeat in the last 10 s: {live}"
