@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .refits import Refit
+
+log = logging.getLogger(__name__)
 
 APPENDED = ("metrics.jsonl", "samples.jsonl", "batches.jsonl", "refits.jsonl")
 """Files the run appends to every step: a checkpoint holds their sizes, and a resumed run cuts them back to those
@@ -79,11 +82,14 @@ class RunRecord:
         return sorted(found, key=_step_of)
 
     def latest(self) -> tuple[Path, CoordinatorState] | None:
-        checkpoints = self.complete_checkpoints()
-        if not checkpoints:
-            return None
-        folder = checkpoints[-1]
-        return folder, CoordinatorState(**json.loads((folder / RUN_STATE).read_text()))
+        """The newest checkpoint whose run_state.json reads back; one that does not (a damaged disk, an edit by
+        hand) is skipped with a warning, so the run resumes from the one before."""
+        for folder in reversed(self.complete_checkpoints()):
+            try:
+                return folder, CoordinatorState(**json.loads((folder / RUN_STATE).read_text()))
+            except (OSError, ValueError, TypeError) as e:
+                log.warning("%s is unreadable (%s): skipped", folder / RUN_STATE, e)
+        return None
 
     def prune(self, keep: int) -> None:
         """Keep the newest `keep` complete checkpoints; drop older ones and any incomplete one older than those."""

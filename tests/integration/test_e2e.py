@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from services.common.config import dump_toml, load_config
 from services.coordinator.metrics import STEP_KEYS
 
 NUM_STEPS, NUM_PROMPTS, NUM_SAMPLES = 3, 4, 4
@@ -114,6 +115,9 @@ def test_grpo_steps_through_all_services(tmp_path, tiny_model):
 def test_bad_data_and_unknown_rewards_fail_before_any_process_starts(tmp_path, tiny_model):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "abc", "answer": "a"}\n{"prompt": 7, "answer": "b"}\n')
+    stopped = tmp_path / "stopped"  # a run folder that never reached a checkpoint
+    stopped.mkdir()
+    (stopped / "config.toml").write_text(dump_toml(load_config(None, [f'model.path="{tiny_model}"'])))
     cases = [
         (
             ['task.name="dataset"', f'task.prompts_path="{rows}"', "task.eval_size=0"],
@@ -121,6 +125,7 @@ def test_bad_data_and_unknown_rewards_fail_before_any_process_starts(tmp_path, t
         ),
         (['task.rewards={"no_such_reward" = 1.0}'], "task.rewards: unknown reward 'no_such_reward'"),
         (['task.rewards={"os.path:nope" = 1.0}'], "cannot import reward 'os.path:nope'"),
+        ([f'run.resume="{stopped}"'], "holds no complete checkpoint"),
     ]
     for overrides, message in cases:
         proc = _launch(tmp_path, tiny_model, *overrides)

@@ -179,3 +179,14 @@ def test_refit_buckets_follow_the_transport_device_unless_set():
     assert load_config(None, ["weightsync.bucket_bytes=4096"]).weightsync.bucket_bytes_for("cuda") == 4096
     with pytest.raises(ConfigError, match="weightsync.bucket_bytes"):
         load_config(None, ["weightsync.bucket_bytes=512"])
+
+
+def test_resume_reads_the_run_folders_config_with_the_overrides_on_top(tmp_path):
+    run = tmp_path / "runs" / "r7"
+    run.mkdir(parents=True)
+    (run / "asked.toml").write_text(dump_toml(load_config(None, ["run.num_steps=9", "trainer.lr=0.5"])))
+    cfg = load_config(None, [f'run.resume="{run}"', "run.num_steps=12"])
+    assert (cfg.run.num_steps, cfg.trainer.lr, cfg.run.run_id) == (12, 0.5, "r7")
+    assert cfg.run.output_dir == str(run.parent.resolve())
+    with pytest.raises(ConfigError, match="is not a run folder with a readable config.toml"):
+        load_config(None, [f'run.resume="{tmp_path / "nothing"}"'])

@@ -58,3 +58,12 @@ def test_run_state_is_written_last(tmp_path):
     record = RunRecord(tmp_path)
     _checkpoint(record, 1)
     assert json.loads((record.checkpoint_dir(1) / RUN_STATE).read_text())["policy_version"] == 1
+
+
+def test_a_damaged_run_state_is_skipped_for_the_checkpoint_before_it(tmp_path):
+    record = RunRecord(tmp_path)
+    _checkpoint(record, 2)
+    _checkpoint(record, 4)
+    (record.checkpoint_dir(4) / RUN_STATE).write_text('{"step": 4, "policy_')
+    folder, state = record.latest()
+    assert folder.name == "step_2" and state.step == 2
