@@ -1,5 +1,7 @@
-"""CLI over the coordinator control API: `python -m services.coordinator.cli ADDRESS start|status|stop`, and
-`python -m services.coordinator.cli RUN_DIR samples [--last N]` to print what the model wrote (samples.jsonl)."""
+"""CLI over the coordinator control API: `python -m services.coordinator.cli ADDRESS start|status|stop`,
+`... ADDRESS workers [--set N]` to list the live rollout workers or set how many the launcher keeps, and
+`... RUN_DIR samples [--last N]` to print what the model wrote (samples.jsonl). ADDRESS is host:port, or the run
+folder (its config.toml names the coordinator)."""
 
 import argparse
 import json
@@ -11,16 +13,24 @@ from google.protobuf.json_format import MessageToDict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("address", help="host:port of the coordinator's gRPC control API (samples: the run folder)")
-    parser.add_argument("command", choices=["start", "status", "stop", "samples"])
+    parser.add_argument("command", choices=["start", "status", "stop", "workers", "samples"])
     parser.add_argument("--num-steps", type=int, default=0, help="with start: steps to run (0 = configured)")
     parser.add_argument("--last", type=int, default=8, help="with samples: how many of the latest to print")
+    parser.add_argument("--set", type=int, help="with workers: the number of rollout workers the launcher keeps")
     args = parser.parse_args()
+    if args.set is not None and args.set < 0:
+        parser.error(f"--set must be a count of workers, got {args.set}")
     if args.command == "samples":
         _print_samples(Path(args.address), args.last)
         return
     from .client import CoordinatorClient
 
-    with CoordinatorClient(args.address) as client:
+    with CoordinatorClient(_coordinator_address(args.address)) as client:
+        if args.command == "workers":
+            if args.set is not None:
+                client.scale_rollout(args.set)
+            _print_workers(client.status(with_workers=True))
+            return
         if args.command == "start":
             reply = client.start_run(args.num_steps)
         elif args.command == "stop":
@@ -28,6 +38,25 @@ def main() -> None:
         else:
             reply = client.status()
     print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+
+
+def _coordinator_address(address: str) -> str:
+    """host:port as given, or the coordinator's in a run folder's config.toml."""
+    config = Path(address) / "config.toml"
+    if not config.exists():
+        return address
+    import tomllib
+
+    coordinator = tomllib.loads(config.read_text())["coordinator"]
+    return f"{coordinator['host']}:{coordinator['grpc_port']}"
+
+
+def _print_workers(status) -> None:
+    live = status.rollout_workers
+    print(f"rollout workers: {status.num_rollout_workers} wanted, {len(live)} with a heartbeat in the last 10 s")
+    for w in live:
+        doing = f"joining (holds v{w.policy_version})" if w.joining else f"policy v{w.policy_version}"
+        print(f"  {w.worker_id}  {doing}  {w.groups_done} groups  heartbeat {w.heartbeat_age_s:.1f}s ago")
 
 
 def _print_samples(run_dir: Path, last: int) -> None:

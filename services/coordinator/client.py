@@ -15,11 +15,16 @@ class CoordinatorClient:
     def start_run(self, num_steps: int = 0) -> coordinator_pb2.RunStatus:
         return self._stub.StartRun(coordinator_pb2.StartRunRequest(num_steps=num_steps), timeout=self.timeout_s)
 
-    def status(self) -> coordinator_pb2.RunStatus:
-        return self._stub.GetStatus(coordinator_pb2.GetStatusRequest(), timeout=self.timeout_s)
+    def status(self, with_workers: bool = False) -> coordinator_pb2.RunStatus:
+        request = coordinator_pb2.GetStatusRequest(with_workers=with_workers)
+        return self._stub.GetStatus(request, timeout=self.timeout_s)
 
     def stop_run(self) -> coordinator_pb2.RunStatus:
         return self._stub.StopRun(coordinator_pb2.StopRunRequest(), timeout=self.timeout_s)
+
+    def scale_rollout(self, num_workers: int) -> coordinator_pb2.RunStatus:
+        request = coordinator_pb2.ScaleRolloutRequest(num_workers=num_workers)
+        return self._stub.ScaleRollout(request, timeout=self.timeout_s)
 
     def close(self) -> None:
         self._channel.close()

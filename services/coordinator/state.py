@@ -23,6 +23,8 @@ class RunState:
     alerts: list[dict] = field(default_factory=list)
     """Collapse warnings (alerts.CollapseMonitor.status): each signal's last warning, and whether it still fires."""
     error: str = ""
+    num_rollout_workers: int = 1
+    """Rollout workers wanted: rollout.num_workers at start, then ScaleRollout's; the launcher reconciles to it."""
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -36,6 +38,7 @@ class RunState:
                 policy_version=self.policy_version,
                 last_metrics=self.last_metrics,
                 error=self.error,
+                num_rollout_workers=self.num_rollout_workers,
             )
 
     def to_json(self) -> dict:
@@ -51,4 +54,5 @@ class RunState:
                 "samples": list(self.last_samples),
                 "alerts": list(self.alerts),
                 "error": self.error,
+                "num_rollout_workers": self.num_rollout_workers,
             }

@@ -122,3 +122,26 @@ def test_malformed_rpc_gets_invalid_argument(coordinator):
             client.start_run(num_steps=2**64 - 1)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "num_steps must be in 1.." in e.value.details()
         assert client.status().state == before != coordinator_pb2.RUN_STATE_RUNNING
+
+
+def test_scale_rollout_sets_the_wanted_workers_and_refuses_bad_counts(coordinator, redis_url):
+    address, _ = coordinator
+    with CoordinatorClient(address) as client:
+        assert client.status().num_rollout_workers == 1  # rollout.num_workers
+        for bad in (0, 65):
+            with pytest.raises(grpc.RpcError) as e:
+                client.scale_rollout(bad)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "num_workers must be in 1..64" in str(e.value)
+        assert client.scale_rollout(3).num_rollout_workers == 3
+    r = connect(redis_url)
+    beats = {"ctl-live@h:1": json.dumps({"ts": time.time(), "policy_version": 2, "groups_done": 5})}
+    beats["ctl-gone@h:2"] = json.dumps({"ts": time.time() - 60, "policy_version": 1})
+    r.hset(WORKERS_KEY, mapping=beats)
+    try:
+        cli = [sys.executable, "-m", "services.coordinator.cli", address, "workers", "--set", "2"]
+        out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    finally:
+        r.hdel(WORKERS_KEY, *beats)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("rollout workers: 2 wanted")
+    assert "ctl-live@h:1  policy v2  5 groups" in out.stdout and "ctl-gone" not in out.stdout

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/grpo/v1/coordinator.proto\x12\x07grpo.v1\"$\n\x0fStartRunRequest\x12\x11\n\tnum_steps\x18\x01 \x01(\x04\"\x12\n\x10GetStatusRequest\"\x10\n\x0eStopRunRequest\"\xf4\x01\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.grpo.v1.RunState\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x11\n\tnum_steps\x18\x04 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x39\n\x0clast_metrics\x18\x06 \x03(\x0b\x32#.grpo.v1.RunStatus.LastMetricsEntry\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*\x91\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_STATE_IDLE\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x12\n\x0eRUN_STATE_DONE\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x15\n\x11RUN_STATE_STOPPED\x10\x05\x32\xbb\x01\n\x0b\x43oordinator\x12\x38\n\x08StartRun\x12\x18.grpo.v1.StartRunRequest\x1a\x12.grpo.v1.RunStatus\x12:\n\tGetStatus\x12\x19.grpo.v1.GetStatusRequest\x1a\x12.grpo.v1.RunStatus\x12\x36\n\x07StopRun\x12\x17.grpo.v1.StopRunRequest\x1a\x12.grpo.v1.RunStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n protos/grpo/v1/coordinator.proto\x12\x07grpo.v1\"$\n\x0fStartRunRequest\x12\x11\n\tnum_steps\x18\x01 \x01(\x04\"(\n\x10GetStatusRequest\x12\x14\n\x0cwith_workers\x18\x01 \x01(\x08\"\x10\n\x0eStopRunRequest\"*\n\x13ScaleRolloutRequest\x12\x13\n\x0bnum_workers\x18\x01 \x01(\r\"y\n\rRolloutWorker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x0f\n\x07joining\x18\x03 \x01(\x08\x12\x13\n\x0bgroups_done\x18\x04 \x01(\x04\x12\x17\n\x0fheartbeat_age_s\x18\x05 \x01(\x01\"\xc2\x02\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12 \n\x05state\x18\x02 \x01(\x0e\x32\x11.grpo.v1.RunState\x12\x0c\n\x04step\x18\x03 \x01(\x04\x12\x11\n\tnum_steps\x18\x04 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\x39\n\x0clast_metrics\x18\x06 \x03(\x0b\x32#.grpo.v1.RunStatus.LastMetricsEntry\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x1b\n\x13num_rollout_workers\x18\x08 \x01(\r\x12/\n\x0frollout_workers\x18\t \x03(\x0b\x32\x16.grpo.v1.RolloutWorker\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*\x91\x01\n\x08RunState\x12\x19\n\x15RUN_STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_STATE_IDLE\x10\x01\x12\x15\n\x11RUN_STATE_RUNNING\x10\x02\x12\x12\n\x0eRUN_STATE_DONE\x10\x03\x12\x14\n\x10RUN_STATE_FAILED\x10\x04\x12\x15\n\x11RUN_STATE_STOPPED\x10\x05\x32\xfd\x01\n\x0b\x43oordinator\x12\x38\n\x08StartRun\x12\x18.grpo.v1.StartRunRequest\x1a\x12.grpo.v1.RunStatus\x12:\n\tGetStatus\x12\x19.grpo.v1.GetStatusRequest\x1a\x12.grpo.v1.RunStatus\x12\x36\n\x07StopRun\x12\x17.grpo.v1.StopRunRequest\x1a\x12.grpo.v1.RunStatus\x12@\n\x0cScaleRollout\x12\x1c.grpo.v1.ScaleRolloutRequest\x1a\x12.grpo.v1.RunStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNSTATUS_LASTMETRICSENTRY']._loaded_options = None
   _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_options = b'8\001'
-  _globals['_RUNSTATE']._serialized_start=369
-  _globals['_RUNSTATE']._serialized_end=514
+  _globals['_RUNSTATE']._serialized_start=636
+  _globals['_RUNSTATE']._serialized_end=781
   _globals['_STARTRUNREQUEST']._serialized_start=45
   _globals['_STARTRUNREQUEST']._serialized_end=81
   _globals['_GETSTATUSREQUEST']._serialized_start=83
-  _globals['_GETSTATUSREQUEST']._serialized_end=101
-  _globals['_STOPRUNREQUEST']._serialized_start=103
-  _globals['_STOPRUNREQUEST']._serialized_end=119
-  _globals['_RUNSTATUS']._serialized_start=122
-  _globals['_RUNSTATUS']._serialized_end=366
-  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_start=316
-  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_end=366
-  _globals['_COORDINATOR']._serialized_start=517
-  _globals['_COORDINATOR']._serialized_end=704
+  _globals['_GETSTATUSREQUEST']._serialized_end=123
+  _globals['_STOPRUNREQUEST']._serialized_start=125
+  _globals['_STOPRUNREQUEST']._serialized_end=141
+  _globals['_SCALEROLLOUTREQUEST']._serialized_start=143
+  _globals['_SCALEROLLOUTREQUEST']._serialized_end=185
+  _globals['_ROLLOUTWORKER']._serialized_start=187
+  _globals['_ROLLOUTWORKER']._serialized_end=308
+  _globals['_RUNSTATUS']._serialized_start=311
+  _globals['_RUNSTATUS']._serialized_end=633
+  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_start=583
+  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_end=633
+  _globals['_COORDINATOR']._serialized_start=784
+  _globals['_COORDINATOR']._serialized_end=1037
 # @@protoc_insertion_point(module_scope)

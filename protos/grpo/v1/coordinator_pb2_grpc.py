@@ -49,6 +49,11 @@ class CoordinatorStub:
                 request_serializer=protos_dot_grpo_dot_v1_dot_coordinator__pb2.StopRunRequest.SerializeToString,
                 response_deserializer=protos_dot_grpo_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
                 _registered_method=True)
+        self.ScaleRollout = channel.unary_unary(
+                '/grpo.v1.Coordinator/ScaleRollout',
+                request_serializer=protos_dot_grpo_dot_v1_dot_coordinator__pb2.ScaleRolloutRequest.SerializeToString,
+                response_deserializer=protos_dot_grpo_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -72,6 +77,12 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScaleRollout(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -88,6 +99,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
             'StopRun': grpc.unary_unary_rpc_method_handler(
                     servicer.StopRun,
                     request_deserializer=protos_dot_grpo_dot_v1_dot_coordinator__pb2.StopRunRequest.FromString,
+                    response_serializer=protos_dot_grpo_dot_v1_dot_coordinator__pb2.RunStatus.SerializeToString,
+            ),
+            'ScaleRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScaleRollout,
+                    request_deserializer=protos_dot_grpo_dot_v1_dot_coordinator__pb2.ScaleRolloutRequest.FromString,
                     response_serializer=protos_dot_grpo_dot_v1_dot_coordinator__pb2.RunStatus.SerializeToString,
             ),
     }
@@ -171,6 +187,33 @@ class Coordinator:
             target,
             '/grpo.v1.Coordinator/StopRun',
             protos_dot_grpo_dot_v1_dot_coordinator__pb2.StopRunRequest.SerializeToString,
+            protos_dot_grpo_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScaleRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/grpo.v1.Coordinator/ScaleRollout',
+            protos_dot_grpo_dot_v1_dot_coordinator__pb2.ScaleRolloutRequest.SerializeToString,
             protos_dot_grpo_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
             options,
             channel_credentials,
