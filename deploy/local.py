@@ -138,16 +138,19 @@ def _start_redis(placement: Placement, run_dir: Path):
 
 
 def _supervise(placement: Placement, run_dir: Path, services, record) -> int:
-    """Wait for the services, start the run, show progress until it ends; a dead rollout worker is restarted."""
+    """Wait for the services, start the run, show progress until it ends; a dead rollout worker is restarted, and
+    rollout workers are added or drained to the count the coordinator wants (ScaleRollout)."""
     from .restarts import Restarts
+    from .scale import RolloutScaler
     from .supervise import run_to_end, wait_ready
 
     cfg = placement.cfg
     limits = {"redis": cfg.run.max_restarts}  # rollout workers: rollout.max_restarts each
-    alive = Restarts(services, record, lambda name: limits.get(name, cfg.rollout.max_restarts)).check_alive
+    restarts = Restarts(services, record, lambda name: limits.get(name, cfg.rollout.max_restarts))
+    alive, scaler = restarts.check_alive, RolloutScaler(services, restarts, record)
     print(f"run {cfg.run.run_id}: starting services (logs in {run_dir / 'logs'})", flush=True)
     wait_ready([a.address for a in placement.services], alive)
-    return run_to_end(cfg, placement.get("coordinator").address, placement.status_url, alive)
+    return run_to_end(cfg, placement.get("coordinator").address, placement.status_url, alive, scaler.reconcile)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,27 @@ def restart(s: Service) -> Service:
     return start(s.name, s.cmd, s.log, s.env, guard=s.guarded)
 
 
+def drain(s: Service) -> None:
+    """SIGTERM to the service's own process, not to its group: its guard would end the group GRACE_S later, and a
+    draining worker takes what it needs to finish the items it claimed (its reward processes stay its own)."""
+    for pid in _children(s.proc.pid) if s.guarded else [s.proc.pid]:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(_stat(int(entry))[1]) == pid:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 class ServiceDied(RuntimeError):
     """A service of the run exited; `service` names it, the message holds its log's tail."""
 

@@ -40,10 +40,26 @@ class Restarts:
         """Restarts a service may have, by its name."""
         self.num_restarts: dict[str, int] = {}
         self.due_at: dict[str, float] = {}
+        self.draining: set[str] = set()
+        """Workers told to drain (deploy/scale.py): their exit is their end, never a death to restart."""
+
+    def drain(self, name: str) -> None:
+        self.draining.add(name)
+        self.due_at.pop(name, None)
+
+    def added(self, name: str) -> None:
+        """A new worker under a name an earlier one may have had: its own restarts."""
+        self.num_restarts.pop(name, None)
+        self.due_at.pop(name, None)
 
     def check_alive(self) -> None:
+        for s in [s for s in self.services if s.name in self.draining and s.proc.poll() is not None]:
+            print(f"{s.name} drained: exited with {s.proc.returncode}", file=sys.stderr, flush=True)
+            self.services.remove(s)
+            self.draining.discard(s.name)
+            self.on_restart()
         for i, s in enumerate(self.services):
-            if s.proc.poll() is None:
+            if s.proc.poll() is None or s.name in self.draining:
                 continue
             n = self.num_restarts.get(s.name, 0)
             if not restartable(s.name):

@@ -46,8 +46,16 @@ def wait_ready(addresses: list[str], check_alive: Callable[[], None], timeout_s:
                     raise TimeoutError(f"{address} not healthy after {timeout_s:.0f}s") from None
 
 
-def run_to_end(cfg: RunConfig, coordinator: str, status_url: str, check_alive: Callable[[], None]) -> int:
-    """Start the run on the coordinator at `coordinator`, print a row per step; 0 when it ends DONE."""
+def run_to_end(
+    cfg: RunConfig,
+    coordinator: str,
+    status_url: str,
+    check_alive: Callable[[], None],
+    scale_rollout: Callable[[int], None] = lambda num_workers: None,
+) -> int:
+    """Start the run on the coordinator at `coordinator`, print a row per step; 0 when it ends DONE.
+
+    scale_rollout: called with the rollout workers the coordinator wants at each poll (deploy/scale.py)."""
     from protos.grpo.v1 import coordinator_pb2
     from services.coordinator.client import CoordinatorClient
 
@@ -59,7 +67,7 @@ def run_to_end(cfg: RunConfig, coordinator: str, status_url: str, check_alive: C
         if done >= cfg.run.num_steps:
             print(f"run {cfg.run.run_id} has all {cfg.run.num_steps} steps already", flush=True)
             return 0
-        status = _show_steps(client, client.start_run(cfg.run.num_steps - done), check_alive)
+        status = _show_steps(client, client.start_run(cfg.run.num_steps - done), check_alive, scale_rollout)
     if status.state == coordinator_pb2.RUN_STATE_FAILED:
         _blame_a_death(check_alive)
     state = coordinator_pb2.RunState.Name(status.state)
@@ -82,7 +90,7 @@ def _blame_a_death(check_alive: Callable[[], None]) -> None:
         time.sleep(0.5)
 
 
-def _show_steps(client, status, check_alive: Callable[[], None]):
+def _show_steps(client, status, check_alive: Callable[[], None], scale_rollout: Callable[[int], None]):
     """A row and a progress tick per finished step while the run is running; returns its last status."""
     from tqdm import tqdm
 
@@ -100,6 +108,7 @@ def _show_steps(client, status, check_alive: Callable[[], None]):
         except grpc.RpcError:
             _blame_a_death(check_alive)  # the coordinator itself, most likely
             raise
+        scale_rollout(status.num_rollout_workers)
         if status.step > shown:
             bar.write(row(dict(status.last_metrics)))
             bar.update(status.step - shown)
