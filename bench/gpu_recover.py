@@ -135,7 +135,9 @@ def main() -> None:
 
 def gpu_name() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
     except FileNotFoundError:
         return "no GPU"
     return out.stdout.strip().replace("\n", ", ") or "no GPU"
