@@ -72,12 +72,20 @@ def restart(s: Service) -> Service:
 
 def drain(s: Service) -> None:
     """SIGTERM to the service's own process, not to its group: its guard would end the group GRACE_S later, and a
-    draining worker takes what it needs to finish the items it claimed (its reward processes stay its own)."""
-    for pid in _children(s.proc.pid) if s.guarded else [s.proc.pid]:
+    draining worker takes what it needs to finish the items it claimed (its reward processes stay its own). A guard
+    that has not started its service yet gets it: the service then never starts."""
+    pids = _children(s.proc.pid) if s.guarded else [s.proc.pid]
+    if not pids:
+        stop_group(s)
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+
+
+def stop_group(s: Service) -> None:
+    _signal_group(s.proc, signal.SIGTERM)
 
 
 def _children(pid: int) -> list[int]:

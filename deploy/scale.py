@@ -3,12 +3,11 @@ newest ones drained; never fewer than one."""
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from collections.abc import Callable
 
-from .procs import Service, _signal_group, drain, start
+from .procs import Service, drain, start, stop_group
 from .restarts import Restarts
 
 DRAIN_TIMEOUT_S = 300.0
@@ -73,5 +72,5 @@ class RolloutScaler:
                 self.drain_started.pop(s.name, None)
             elif started is not None and time.monotonic() - started > DRAIN_TIMEOUT_S:
                 print(f"{s.name} still draining after {DRAIN_TIMEOUT_S:.0f}s: stopped", file=sys.stderr, flush=True)
-                _signal_group(s.proc, signal.SIGTERM)
+                stop_group(s)
                 del self.drain_started[s.name]

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from deploy import records
+from deploy.procs import start, stop_all
+from deploy.restarts import Restarts
+from deploy.scale import RolloutScaler
 from services.coordinator.client import CoordinatorClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,3 +128,35 @@ def _address(run_dir: Path) -> str:
 
     coordinator = tomllib.loads((run_dir / "config.toml").read_text())["coordinator"]
     return f"{coordinator['host']}:{coordinator['grpc_port']}"
+
+
+def test_the_scaler_adds_at_free_indices_drains_the_newest_and_never_restarts_a_drained_one(tmp_path):
+    """Stand-in workers (a shell that sleeps) under their guards, as the launcher starts them."""
+    worker = ["sh", "-c", "trap 'exit 0' TERM; sleep 60 & wait", "--worker-index", "0"]
+    services = [start("rollout-0", worker, tmp_path / "rollout-0.log", guard=True)]
+    records_written = []
+    restarts = Restarts(services, lambda: records_written.append(1), lambda name: 5)
+    scaler = RolloutScaler(services, restarts, lambda: records_written.append(1))
+
+    def names() -> list[str]:
+        return sorted(s.name for s in services)
+
+    try:
+        scaler.reconcile(3)
+        assert names() == ["rollout-0", "rollout-1", "rollout-2"]
+        assert services[2].cmd[-3:] == ["--worker-index", "2", "rollout.grpc_port=0"]
+        scaler.reconcile(0)  # a coordinator that does not say: nothing changes
+        time.sleep(1.0)  # the guards have started their workers
+        scaler.reconcile(1)
+        assert restarts.draining == {"rollout-1", "rollout-2"}
+        scaler.reconcile(1)  # still draining: not drained twice, nothing added
+        deadline = time.monotonic() + 10
+        while len(services) > 1 and time.monotonic() < deadline:
+            restarts.check_alive()  # a drained worker leaves, never restarted
+            time.sleep(0.1)
+        assert names() == ["rollout-0"] and not restarts.draining and not restarts.num_restarts
+        scaler.reconcile(2)  # index 1 is free again
+        assert names() == ["rollout-0", "rollout-1"]
+        assert len(records_written) == 5  # the launch record after each reconcile that changed workers, each exit
+    finally:
+        stop_all(services)
