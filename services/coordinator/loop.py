@@ -39,6 +39,9 @@ class GrpoLoop:
         self.train_s = 0.0
         """Seconds of the steps so far, evaluations excluded: what run.train_minutes budgets."""
         self.trained_step = state.step
+        self.data_cursor = feed.cursor if feed else 0
+        """The feed's cursor at the end of the last completed step: a step cut short has taken its prompts already,
+        and a checkpoint taken then (a stopped run) must hand them out again when the step is redone."""
         """The last step sent to the trainer: a checkpoint is consistent only while it equals the state's step."""
         self.record = RunRecord(run_dir)
         self.checkpoints = Checkpoints(cfg, trainer, self.record)
@@ -49,7 +52,7 @@ class GrpoLoop:
         """Continue the run of this folder from its newest complete checkpoint (run.resume)."""
         saved = self.checkpoints.restore()
         self.feed.skip_to(saved.data_cursor)
-        self.train_s, self.trained_step = saved.train_s, saved.step
+        self.train_s, self.trained_step, self.data_cursor = saved.train_s, saved.step, saved.data_cursor
         self.batches.policy_version = saved.policy_version
         self.metrics.start = time.time() - saved.wall_s
         # Work of the steps being redone may still sit in the prompt stream: a worker would generate it for nobody.
@@ -68,7 +71,7 @@ class GrpoLoop:
         state = CoordinatorState(
             step=step,
             policy_version=self.batches.policy_version,
-            data_cursor=self.feed.cursor,
+            data_cursor=self.data_cursor,
             train_s=self.train_s,
             wall_s=time.time() - self.metrics.start,
             last_eval=last_eval,
@@ -94,6 +97,7 @@ class GrpoLoop:
         if self.save_due(step):
             m["checkpoint/policy_version"] = self.save(step)
         self.metrics.append(m)
+        self.data_cursor = self.feed.cursor
         if self.checkpoints.due(step, self.state.num_steps):
             self.checkpoint(step)
         return m

@@ -15,7 +15,7 @@ NUM_STEPS, CHECKPOINT_EVERY = 4, 2
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _launch(output_dir: Path, tiny_model: Path, *overrides: str) -> subprocess.Popen:
+def _launch(output_dir: Path, tiny_model: Path, *overrides: str, env: dict | None = None) -> subprocess.Popen:
     args = [
         f'run.output_dir="{output_dir}"',
         'run.run_id="r1"',
@@ -28,7 +28,10 @@ def _launch(output_dir: Path, tiny_model: Path, *overrides: str) -> subprocess.P
     ]
     config = ["--config", str(ROOT / "deploy" / "configs" / "local.toml")]
     return subprocess.Popen(
-        [sys.executable, "-m", "deploy.local", *config, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "deploy.local", *config, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -102,3 +105,52 @@ def test_a_run_killed_after_its_checkpoint_resumes_equal_to_an_uninterrupted_one
     assert checksums[0] == checksums[1] and len(checksums[0]) == NUM_STEPS
     # keep_checkpoints=2: the run's newest two resumable checkpoints are kept.
     assert sorted(p.name for p in (b / "resume").iterdir()) == ["step_2", "step_4"]
+
+
+# The toy reward, held in step 3 (after the 2 x 16 samples of steps 1 and 2) while the file `hold` exists.
+HOLDING_TOY_REWARD = """
+import os, pathlib, time
+from services.common.rewards import class_continuation_reward
+
+def score(prompt, completion, answer, metadata):
+    folder = pathlib.Path(os.environ["RESUME_DIR"])
+    with (folder / "calls").open("a") as f:
+        f.write(".")
+    if (folder / "calls").stat().st_size > 32 and (folder / "hold").exists():
+        (folder / "scoring").touch()
+        while (folder / "hold").exists():
+            time.sleep(0.05)
+    return class_continuation_reward(prompt, completion, answer, metadata)
+"""
+
+
+def test_a_run_stopped_mid_step_checkpoints_its_last_step_and_resumes_equal(tmp_path, tiny_model):
+    # SIGTERM while step 3 collects: the stop's checkpoint is step 2's (run.checkpoint_every=10 took none before),
+    # though step 3 has taken its prompts already; resumed, step 3 takes those same prompts again.
+    (tmp_path / "holding.py").write_text(HOLDING_TOY_REWARD)
+    env = {"RESUME_DIR": str(tmp_path), "PYTHONPATH": str(tmp_path)}
+    held = ['task.rewards={"holding:score" = 1.0}', "run.checkpoint_every=10", "rollout.engine=hf"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    _finish(_launch(whole, tiny_model, *held, env=env), whole / "r1")
+
+    (tmp_path / "calls").unlink()
+    (tmp_path / "hold").touch()
+    proc = _launch(cut, tiny_model, *held, env=env)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "scoring").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0].decode()[-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    run_dir = cut / "r1"
+    assert [c["step"] for c in _jsonl(run_dir / "checkpoints.jsonl") if c.get("resumable")] == [2]
+
+    (tmp_path / "hold").unlink()
+    _finish(_launch(cut, tiny_model, *held, f'run.resume="{run_dir}"', env=env), run_dir)
+    a, b = whole / "r1", run_dir
+    assert _jsonl(a / "batches.jsonl") == _jsonl(b / "batches.jsonl")
+    for ra, rb in zip(_jsonl(a / "metrics.jsonl"), _jsonl(b / "metrics.jsonl"), strict=True):
+        assert _deterministic(ra) == _deterministic(rb), ra["step"]
+    assert [(s["step"], s["prompt"]) for s in _jsonl(b / "samples.jsonl")] == [
+        (s["step"], s["prompt"]) for s in _jsonl(a / "samples.jsonl")
+    ]
