@@ -59,6 +59,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@echo "GPU benchmarks run on the device machine: see bench/README.md"
 
+# 60 steps under 30 seeded kill -9s against an uninterrupted run (~20 min on 2 cores; not in CI): bench/results/chaos.json.
+.PHONY: chaos
+chaos: $(STAMP)
+	$(PY) bench/chaos.py
+
 lock: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | grep -v -E '^(torchvision|torchaudio|torchcodec)=' > requirements.lock.tmp && mv requirements.lock.tmp requirements.txt
 
