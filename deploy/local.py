@@ -50,45 +50,10 @@ def launches(placement: Placement, config_path: Path) -> list[tuple[str, list[st
 
 
 def run_local(placement: Placement, run_dir: Path) -> int:
-    """The run to its end; after the death of a service that holds the run's state (trainer, weightsync,
-    coordinator, Redis) every service is stopped and the run resumed from its newest checkpoint, up to
-    run.max_restarts times. Then the death ends it with one line naming the process and the command that resumes."""
-    from services.coordinator.run_record import RunRecord
+    """The run to its end, resumed from its newest checkpoint after a trainer, weightsync or coordinator died."""
+    from .resuming import run_resuming
 
-    from .procs import ServiceDied
-
-    for restart in range(placement.cfg.run.max_restarts + 1):
-        try:
-            return run_services(placement, run_dir)
-        except ServiceDied as died:
-            latest = RunRecord(run_dir).latest()
-            resume = f"make run ARGS='run.resume=\"{run_dir}\"'"
-            if latest is None:
-                print(f"{died}\nerror: {died.service} died before the run's first checkpoint", file=sys.stderr)
-                return 1
-            if restart == placement.cfg.run.max_restarts:
-                print(
-                    f"{died}\nerror: {died.service} died after {restart} restarts; continue with: {resume}",
-                    file=sys.stderr,
-                )
-                return 1
-            print(
-                f"{died.service} died: resuming the run from step {latest[1].step} "
-                f"(restart {restart + 1} of {placement.cfg.run.max_restarts}); {died}",
-                file=sys.stderr, flush=True,
-            )  # fmt: skip
-            placement = resumed(placement, run_dir)
-    raise AssertionError("unreachable")
-
-
-def resumed(placement: Placement, run_dir: Path) -> Placement:
-    """The same placement (ports, hosts) with run.resume set: the coordinator continues from the newest checkpoint."""
-    import dataclasses
-
-    cfg = placement.cfg.model_copy(update={"run": placement.cfg.run.model_copy(update={"resume": str(run_dir)})})
-    placement = dataclasses.replace(placement, cfg=cfg)
-    placement.write_configs(run_dir)
-    return placement
+    return run_resuming(placement, run_dir, lambda p: run_services(p, run_dir), "make run")
 
 
 def run_services(placement: Placement, run_dir: Path) -> int:

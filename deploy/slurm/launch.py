@@ -13,7 +13,7 @@ from services.common.config import RunConfig
 
 from .. import records
 from ..placement import Assignment, Placement, format_placement, place
-from ..procs import Service, ServiceDied, check_alive, stop_all
+from ..procs import Service, check_alive, stop_all
 from ..restarts import Restarts
 from ..supervise import run_to_end, shield_cleanup, stop_on_sigterm, wait_ready
 from .cluster import allocation
@@ -28,7 +28,9 @@ def up(cfg: RunConfig, dry_run: bool) -> int:
     run_dir = Path(placement.cfg.run.output_dir) / placement.cfg.run.run_id
     (run_dir / "redis").mkdir(parents=True, exist_ok=True)
     placement.write_configs(run_dir)
-    return run(placement, run_dir)
+    from ..resuming import run_resuming
+
+    return run_resuming(placement, run_dir, lambda p: run(p, run_dir), "make up")
 
 
 def run(placement: Placement, run_dir: Path) -> int:
@@ -55,12 +57,6 @@ def run(placement: Placement, run_dir: Path) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: stopping every job step", file=sys.stderr)
         return 130
-    except ServiceDied as died:
-        print(
-            f"{died}\nerror: {died.service} died; continue with: make up ARGS='run.resume=\"{run_dir}\"'",
-            file=sys.stderr,
-        )
-        return 1
     finally:
         shield_cleanup()
         stop_steps(services, job_id, cfg.run.run_id)

@@ -164,7 +164,9 @@ def test_batch_job_runs_every_step_and_leaves_nothing(slurm_env, tmp_path, tiny_
 
 def test_make_down_stops_a_running_job(slurm_env, tmp_path, tiny_model):
     out_dir, run_dir = tmp_path / "runs", tmp_path / "runs" / "stopme"
-    job_id = _submit(slurm_env, out_dir, "stopme", tiny_model, "run.num_steps=1000", "trainer.num_ranks=1")
+    job_id = _submit(
+        slurm_env, out_dir, "stopme", tiny_model, "run.num_steps=1000", "trainer.num_ranks=1", "run.checkpoint_every=1"
+    )
     metrics = run_dir / "metrics.jsonl"
     _wait_for(lambda: metrics.exists() and metrics.read_text(), 300, "no step finished", lambda: _diagnostics(run_dir))
     assert _job_listed(slurm_env, job_id)
@@ -183,6 +185,19 @@ def test_make_down_stops_a_running_job(slurm_env, tmp_path, tiny_model):
     )
     _wait_for(lambda: len(metrics.read_text().splitlines()) > done + 1, 300, "no step after the restart",
               lambda: _diagnostics(run_dir))  # fmt: skip
+
+    # A trainer rank killed: the launcher stops every step and resumes the run from its newest checkpoint.
+    [rank] = [p for p in _processes_mentioning(str(run_dir)) if "-m services.trainer.main" in p and "srun" not in p
+              and "torch.distributed.run" not in p]  # fmt: skip
+    os.kill(int(rank.split(":")[0]), 9)
+    job_out = run_dir / f"slurm-{job_id}.out"
+    _wait_for(lambda: "trainer died: resuming the run from step" in job_out.read_text(), 120, "no resume",
+              lambda: _diagnostics(run_dir))  # fmt: skip
+    resumed_at = int(re.search(r"resuming the run from step (\d+)", job_out.read_text()).group(1))
+    _wait_for(lambda: json.loads(metrics.read_text().splitlines()[-1])["step"] > resumed_at + 1, 300,
+              "no step after the resume", lambda: _diagnostics(run_dir))  # fmt: skip
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1))  # the redone steps appear once
 
     down = _make("down", slurm_env, f"run.output_dir={out_dir}")
     assert down.returncode == 0, down.stdout + down.stderr
