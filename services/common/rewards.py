@@ -119,13 +119,23 @@ def _reasoning_gym_scorer(dataset: str) -> Callable[[str, dict], float]:
     return reasoning_gym.get_score_answer_fn(dataset)
 
 
-def reasoning_gym_reward(prompt: str, completion: str, answer: str, metadata: dict) -> float:
-    """reasoning-gym's own verifier for the dataset named by metadata["source_dataset"]."""
+def reasoning_gym_partial_reward(prompt: str, completion: str, answer: str, metadata: dict) -> float:
+    """reasoning-gym's own verifier for the dataset named by metadata["source_dataset"], partial credit included."""
     dataset = metadata.get("source_dataset")
     if not dataset:
         raise ValueError("metadata has no 'source_dataset'; the reasoning_gym reward needs reasoning-gym rows")
     entry = {"question": prompt, "answer": answer, "metadata": metadata}
     return float(_reasoning_gym_scorer(dataset)(extract_answer(completion), entry))
+
+
+def reasoning_gym_reward(prompt: str, completion: str, answer: str, metadata: dict) -> float:
+    """1.0 where reasoning-gym's verifier gives full marks, else 0.0.
+
+    Its default verifier gives a wrong answer that contains the right one partial credit (len(answer) / len(given):
+    "10" for 1 scores 0.5), and GRPO's std normalisation turns a group's lone 0.5 into the same push as a lone
+    correct answer: on letter_counting that taught "appears 10 times" and held-out accuracy fell from 0.15 to 0.04
+    (bench/README.md: "The collapse on an unseen task"). The partial credit stays as `reasoning_gym_partial`."""
+    return float(full_marks(reasoning_gym_partial_reward(prompt, completion, answer, metadata)))
 
 
 def eos_reward(prompt: str, completion: str, answer: str, metadata: dict) -> float:
@@ -150,6 +160,7 @@ BUILTIN: dict[str, RewardFn] = {
     "math": math_reward,
     "exact": exact_reward,
     "reasoning_gym": reasoning_gym_reward,
+    "reasoning_gym_partial": reasoning_gym_partial_reward,
     "eos": eos_reward,
     "boxed": boxed_reward,
     "class_continuation": class_continuation_reward,
@@ -159,6 +170,7 @@ BUILTIN: dict[str, RewardFn] = {
 _PRELOAD: dict[str, Callable[[], object]] = {
     "math": _math_verify,
     "reasoning_gym": lambda: importlib.import_module("reasoning_gym"),
+    "reasoning_gym_partial": lambda: importlib.import_module("reasoning_gym"),
 }
 
 

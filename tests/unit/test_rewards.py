@@ -16,6 +16,8 @@ from services.common.rewards import (
     class_continuation_reward,
     extract_answer,
     load_reward,
+    reasoning_gym_partial_reward,
+    reasoning_gym_reward,
 )
 
 TIMEOUT_S = 2.0
@@ -202,3 +204,17 @@ def test_close_stops_the_child_and_a_later_score_starts_another(runner):
     runner.close()
     runner.close()
     assert runner.score([item("ok")])[0].total == 1.5
+
+
+def test_reasoning_gym_gives_no_partial_credit_to_a_wrong_answer_holding_the_right_one():
+    # letter_counting's verifier scores "10" for an answer of 1 as 0.5 (len(answer) / len(given)); std-normalised
+    # advantages then push a lone 0.5 as hard as a lone correct answer. The built-in scores it 0, the partial 0.5.
+    import reasoning_gym
+
+    [e] = list(reasoning_gym.create_dataset("letter_counting", size=1, seed=3))
+    answer = e["answer"]
+    given = f"It appears {answer}0 times"
+    args = (e["question"], given, answer, e["metadata"])
+    assert 0 < reasoning_gym_partial_reward(*args) < 1
+    assert reasoning_gym_reward(*args) == 0.0
+    assert reasoning_gym_reward(e["question"], f"It appears {answer} times", answer, e["metadata"]) == 1.0
