@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.gpu_vllm import QWEN2_1_5B_SHAPE  # noqa: E402
 
 
 def overrides(args, work: Path) -> list[str]:
@@ -43,11 +45,7 @@ def overrides(args, work: Path) -> list[str]:
         *common,
         f'model.path="{work / "model"}"',
         "model.create=true",
-        "model.hidden_size=1536",
-        "model.num_layers=28",
-        "model.num_heads=12",
-        "model.num_kv_heads=2",
-        "model.intermediate_size=8960",
+        *QWEN2_1_5B_SHAPE,
         f"rollout.max_num_seqs={args.prompts * args.samples}",
         "trainer.max_tokens_per_microbatch=16384",
         'trainer.dtype="bfloat16"',

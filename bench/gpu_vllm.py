@@ -71,6 +71,16 @@ def refit_marks(log: str) -> list[dict]:
     return out
 
 
+QWEN2_1_5B_SHAPE = [
+    "model.hidden_size=1536",
+    "model.num_layers=28",
+    "model.num_heads=12",
+    "model.num_kv_heads=2",
+    "model.intermediate_size=8960",
+]
+"""The random model of the GPU benchmarks: Qwen2-1.5B's shape (1.31B with the character vocabulary)."""
+
+
 def run_variant(name: str, args, work: Path) -> Path:
     overrides = [
         f'run.output_dir="{work}"',
@@ -79,15 +89,7 @@ def run_variant(name: str, args, work: Path) -> Path:
         *(
             [f'model.path="{args.model_dir}"', "model.create=false"]
             if args.model_dir
-            else [
-                f'model.path="{work / "model"}"',
-                "model.create=true",
-                "model.hidden_size=1536",
-                "model.num_layers=28",
-                "model.num_heads=12",
-                "model.num_kv_heads=2",
-                "model.intermediate_size=8960",
-            ]
+            else [f'model.path="{work / "model"}"', "model.create=true", *QWEN2_1_5B_SHAPE]
         ),
         "coordinator.ignore_eos=true",  # every response max_tokens long: the same work for both engines
         f"coordinator.num_prompts={args.prompts}",
