@@ -235,8 +235,13 @@ def checks(run_dir: Path, reference_dir: Path) -> dict:
                 for k in range(NUM_SAMPLES)}  # fmt: skip
     ref_rows = {r["step"]: deterministic(r) for r in jsonl(reference_dir / "metrics.jsonl")}
     ref_batches = {b["step"]: b for b in jsonl(reference_dir / "batches.jsonl")}
-    unequal = sorted({r["step"] for r in rows if ref_rows.get(r["step"]) != deterministic(r)}
+    unequal = set({r["step"] for r in rows if ref_rows.get(r["step"]) != deterministic(r)}
                      | {b["step"] for b in batches if ref_batches.get(b["step"]) != b})  # fmt: skip
+    # Trajectory ids name (step, prompt index, sample), not the prompt: the prompts themselves come from samples.jsonl
+    # (run.samples_per_step of them a step), so a resume that hands out the wrong prompts shows here.
+    prompts = [(r["step"], r["prompt"]) for r in jsonl(run_dir / "samples.jsonl") if not r["eval"]]
+    ref_prompts = [(r["step"], r["prompt"]) for r in jsonl(reference_dir / "samples.jsonl") if not r["eval"]]
+    unequal |= {s for s, _ in set(prompts) ^ set(ref_prompts)}
     unequal_keys = sorted(
         {k for r in rows for k, v in deterministic(r).items() if ref_rows.get(r["step"], {}).get(k) != v}
     )
@@ -247,9 +252,17 @@ def checks(run_dir: Path, reference_dir: Path) -> dict:
         "lost": len(expected - set(ids)),
         "duplicated": len(ids) - len(set(ids)),
         "dropped_groups": sum(r.get("data/dropped_groups", 0) for r in rows),
-        "unequal_steps": unequal,
+        "unequal_steps": sorted(unequal),
+        "prompts_not_trained": len({p for _, p in ref_prompts} - {p for _, p in prompts}),
         "unequal_keys": unequal_keys,
     }
+
+
+def check_result(faulted: Path, reference: Path, reference_ok: bool) -> dict:
+    """The top-level keys of the result: the headline checks first."""
+    c = checks(faulted / RUN_ID, reference / RUN_ID)
+    head = {k: c.pop(k) for k in ("lost", "duplicated", "steps_completed")}
+    return {**head, "resumed_equal": not c["unequal_steps"] and reference_ok, **c}
 
 
 def summary(faults: list[Fault]) -> dict:
@@ -270,23 +283,25 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="the faults' RNG (the run's own seed is run.seed)")
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "bench_chaos")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "chaos.json")
+    parser.add_argument("--recheck", action="store_true", help="only the checks, on the existing run folders")
     a = parser.parse_args()
     reference, faulted = a.output_dir / "reference", a.output_dir / "faults"
+    if a.recheck:  # the checks again, on the run folders of the last `make chaos` (its faults are in a.out)
+        result = json.loads(a.out.read_text())
+        result.update(check_result(faulted, reference, result["reference_exit_code"] == 0))
+        a.out.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     for d in (reference, faulted):
         subprocess.run(["rm", "-rf", str(d)], check=True)
     print("chaos: the run under faults", flush=True)
     rc, wall_s, faults = run(faulted, a.seed)
     print(f"chaos: exited {rc} after {wall_s}s; the uninterrupted reference run", flush=True)
     ref_rc, ref_wall_s, _ = run(reference, None)
-    result = checks(faulted / RUN_ID, reference / RUN_ID)
     redone = sorted({s for f in faults for s in (f.redone_steps or [])})
     result = {
         "faults": summary(faults),
-        "lost": result.pop("lost"), "duplicated": result.pop("duplicated"),
-        "steps_completed": result.pop("steps_completed"),
-        "resumed_equal": not result["unequal_steps"] and ref_rc == 0,
+        **check_result(faulted, reference, ref_rc == 0),
         "resumed_steps": redone,
-        **result,
         "exit_code": rc, "reference_exit_code": ref_rc, "wall_s": wall_s, "reference_wall_s": ref_wall_s,
         "config": ["deploy/configs/local.toml", *OVERRIDES, f"reward sleep {REWARD_SLEEP_S}s"],
         "fault_log": [asdict(f) for f in sorted(faults, key=lambda f: f.fired_s if f.fired_s is not None else 1e9)],
