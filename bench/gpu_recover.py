@@ -104,8 +104,9 @@ def main() -> None:
     while proc.poll() is None:
         after = worker_log.read_text(errors="replace").split("restarted by the launcher ===")[1:]
         if joined_s is None and after and "joined at policy version" in after[0]:
-            joined_s = time.monotonic() - killed
-        if next_step_s is None and len(rows(metrics)) > args.kill_after_step:
+            joined_s, steps_at_join = time.monotonic() - killed, len(rows(metrics))
+        # Recovered: a step completed that the restarted worker generated (the one in flight may end without it).
+        if joined_s is not None and next_step_s is None and len(rows(metrics)) > steps_at_join:
             next_step_s = time.monotonic() - killed
         time.sleep(0.1)
     steps = rows(metrics)
