@@ -60,6 +60,7 @@ class GrpoLoop:
         with self.state.lock:
             self.state.step, self.state.policy_version = saved.step, saved.policy_version
             self.state.last_eval = saved.last_eval
+            self.state.num_rollout_workers = saved.num_rollout_workers or self.state.num_rollout_workers
 
     def checkpoint(self, step: int) -> None:
         """Save the run's whole state as of the end of `step` (the trainer's and ours), unless already saved."""
@@ -76,6 +77,7 @@ class GrpoLoop:
             wall_s=time.time() - self.metrics.start,
             last_eval=last_eval,
             offsets=self.record.offsets(),
+            num_rollout_workers=self.state.num_rollout_workers,
         )
         self.checkpoints.save(state)
 

@@ -40,6 +40,8 @@ class CoordinatorState:
     last_eval: dict[str, float] = field(default_factory=dict)
     offsets: dict[str, int] = field(default_factory=dict)
     """Size in bytes of each APPENDED file when the checkpoint was taken."""
+    num_rollout_workers: int = 0
+    """Rollout workers wanted (ScaleRollout's count) when the checkpoint was taken; 0 = rollout.num_workers."""
 
 
 class RunRecord:

@@ -67,3 +67,15 @@ def test_a_damaged_run_state_is_skipped_for_the_checkpoint_before_it(tmp_path):
     (record.checkpoint_dir(4) / RUN_STATE).write_text('{"step": 4, "policy_')
     folder, state = record.latest()
     assert folder.name == "step_2" and state.step == 2
+
+
+def test_the_wanted_rollout_workers_travel_and_an_older_run_state_without_them_still_loads(tmp_path):
+    record = RunRecord(tmp_path)
+    folder = record.checkpoint_dir(3)
+    folder.mkdir(parents=True)
+    record.write_state(folder, CoordinatorState(3, 3, 12, 1.0, 2.0, num_rollout_workers=4))
+    assert record.latest()[1].num_rollout_workers == 4
+    state = json.loads((folder / RUN_STATE).read_text())
+    del state["num_rollout_workers"]  # written before ScaleRollout existed
+    (folder / RUN_STATE).write_text(json.dumps(state))
+    assert record.latest()[1].num_rollout_workers == 0
