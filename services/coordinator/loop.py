@@ -39,10 +39,10 @@ class GrpoLoop:
         self.train_s = 0.0
         """Seconds of the steps so far, evaluations excluded: what run.train_minutes budgets."""
         self.trained_step = state.step
+        """The last step sent to the trainer: a checkpoint is consistent only while it equals the state's step."""
         self.data_cursor = feed.cursor if feed else 0
         """The feed's cursor at the end of the last completed step: a step cut short has taken its prompts already,
         and a checkpoint taken then (a stopped run) must hand them out again when the step is redone."""
-        """The last step sent to the trainer: a checkpoint is consistent only while it equals the state's step."""
         self.record = RunRecord(run_dir)
         self.checkpoints = Checkpoints(cfg, trainer, self.record)
         self.refits = Refits(trainer, queue, cfg.coordinator.rpc_timeout_s)
