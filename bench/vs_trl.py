@@ -8,6 +8,8 @@ first, then this system through every service (the path `make run` takes), each 
     .venv/bin/python bench/vs_trl.py --task NAME                    # deploy/configs/vs_trl_NAME.toml, under "tasks"
     .venv/bin/python bench/vs_trl.py --smoke                        # tiny random model, a few steps (CI)
     .venv/bin/python bench/vs_trl.py --seeds 0 1 2 --steps 30       # (a) over seeds: bench/results/vs_trl_seeds.json
+    .venv/bin/python bench/vs_trl.py --seeds 0 1 2 --steps 30 --tasks products gcd number_format
+        # tasks no other config trains on, each with the bar of bench/seed_bar.py: bench/results/vs_trl_unseen.json
     .venv/bin/python bench/vs_trl.py --best-of bench/results/vs_trl_cpu*.json   # the bar over the tries, into --out
 
 TRL (pinned below) is installed into its own folder (bench/.trl-<version>, ignored by git) and put on the TRL
@@ -275,10 +277,16 @@ def main() -> int:
     )
     parser.add_argument("--skip-trl", action="store_true", help="reuse the TRL results in --out (tuning ours)")
     parser.add_argument("--seeds", nargs="*", type=int, default=[], help="comparison (a) over these run seeds")
+    parser.add_argument(
+        "--tasks", nargs="*", default=[], help="with --seeds: several tasks, one result file with the bar"
+    )
     parser.add_argument("--steps", type=int, default=30, help="steps of each side per seed (with --seeds)")
+    parser.add_argument("--combine", nargs="*", default=[], help="--seeds result files of single tasks into one")
     parser.add_argument("--best-of", nargs="*", default=[], help="result files of tries: the bar over them")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
+    if args.combine:
+        return combine([Path(f) for f in args.combine], args.out)
     if args.seeds:
         return compare_seeds(args)
     if args.best_of:
@@ -349,12 +357,12 @@ def provenance() -> dict[str, str]:
     }
 
 
-def compare_seeds(args: argparse.Namespace) -> int:
+def seed_runs(args: argparse.Namespace, task: str) -> dict:
     """Both sides, --steps steps each, once per seed (the seed picks the prompts, the same on both sides, and the
     sampling): the per-step held-out curves with their seed-to-seed spread, and each side's seconds per step."""
     from services.common.models import build_model
 
-    config = CONFIGS / f"vs_trl_{args.task}.toml"
+    config = CONFIGS / f"vs_trl_{task}.toml"
     model = build_model("smollm2-135m-instruct", REPO / "runs" / "models")
     trl_dir = install_trl()
     per_seed: dict[int, dict[str, list[dict]]] = {}
@@ -371,9 +379,10 @@ def compare_seeds(args: argparse.Namespace) -> int:
         trl_steps = [r for r in trl if r["kind"] == "step"]
         seconds_per_step["trl"].append(trl_steps[-1]["train_s"] / trl_steps[-1]["step"])
         seconds_per_step["ours"].append(per_seed[seed]["ours"][-1]["train_s"] / args.steps)
-        print(f"seed {seed}: " + json.dumps(per_seed[seed]), flush=True)
-    result = {
+        print(f"{task} seed {seed}: " + json.dumps(per_seed[seed]), flush=True)
+    return {
         "task": f"reasoning_gym/{cfg.task.generator}" if cfg.task.name == "reasoning_gym" else cfg.task.name,
+        "task_config": cfg.task.generator_config,
         "seeds": args.seeds,
         "steps_per_seed": args.steps,
         **seeds_summary(per_seed),
@@ -383,9 +392,51 @@ def compare_seeds(args: argparse.Namespace) -> int:
         "ours_overrides": args.ours_args,
         **provenance(),
     }
-    out = Path(args.out or REPO / "bench" / "results" / "vs_trl_seeds.json")
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
+
+
+def compare_seeds(args: argparse.Namespace) -> int:
+    """One task (--task): bench/results/vs_trl_seeds.json. Several (--tasks): each task's seed runs and its bar
+    (seed_bar.task_bar), in bench/results/vs_trl_unseen.json."""
+    if not args.tasks:
+        result = seed_runs(args, args.task)
+        out = Path(args.out or REPO / "bench" / "results" / "vs_trl_seeds.json")
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
+        return 0
+    return write_tasks({task: seed_runs(args, task) for task in args.tasks}, args.out)
+
+
+def combine(files: list[Path], out: str) -> int:
+    """Task results of separate `--seeds` invocations (each its own --out) into one `--tasks` result file."""
+    return write_tasks(
+        {Path(f).stem.removeprefix("vs_trl_unseen_"): json.loads(Path(f).read_text()) for f in files}, out
+    )
+
+
+def write_tasks(results: dict[str, dict], out: str) -> int:
+    from seed_bar import task_bar
+
+    tasks = {name: {**r, **task_bar(r["curves"])} for name, r in results.items()}
+    saved = {
+        "tasks": tasks,
+        "bar_holds_on_every_task": all(all(t["bar"].values()) for t in tasks.values()),
+        **provenance(),
+    }
+    path = Path(out or REPO / "bench" / "results" / "vs_trl_unseen.json")
+    path.write_text(json.dumps(saved, indent=2) + "\n")
+    print(
+        json.dumps(
+            {
+                n: {
+                    "bar": t["bar"],
+                    "worst_drop_below_step0": t["worst_drop_below_step0"],
+                    "seconds_to_target": t["seconds_to_target"],
+                }
+                for n, t in tasks.items()
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
