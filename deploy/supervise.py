@@ -57,10 +57,12 @@ def run_to_end(
 
     scale_rollout: called with the rollout workers the coordinator wants at each poll (deploy/scale.py)."""
     from protos.grpo.v1 import coordinator_pb2
+    from services.common import auth
     from services.coordinator.client import CoordinatorClient
 
     print(f"status: {status_url}", flush=True)
-    with CoordinatorClient(coordinator) as client:
+    run_dir = f"{cfg.run.output_dir}/{cfg.run.run_id}"
+    with CoordinatorClient(coordinator, secret=auth.run_secret(run_dir)) as client:
         done = client.status().step  # a resumed run (run.resume) starts at its checkpoint's step
         if done:
             print(f"resuming run {cfg.run.run_id} at step {done} of {cfg.run.num_steps}", flush=True)
@@ -71,7 +73,6 @@ def run_to_end(
     if status.state == coordinator_pb2.RUN_STATE_FAILED:
         _blame_a_death(check_alive)
     state = coordinator_pb2.RunState.Name(status.state)
-    run_dir = f"{cfg.run.output_dir}/{cfg.run.run_id}"
     print(f"run {cfg.run.run_id} ended: {state} after {status.step} steps; {run_dir}/metrics.jsonl", flush=True)
     if status.error:
         print(f"error: {status.error}", file=sys.stderr)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from services.common import auth
 from services.common.config import RunConfig, dump_toml
 
 Backend = Literal["local", "slurm", "docker"]
@@ -58,8 +59,10 @@ class Placement:
     """The config as the user gave it (run id filled, ports and hosts not): what run.resume continues from."""
 
     def write_configs(self, run_dir: Path, services_cfg: RunConfig | None = None) -> None:
-        """config.toml that every service reads, and asked.toml that a resumed run starts from."""
+        """config.toml that every service reads, asked.toml that a resumed run starts from, and the run's secret
+        (services/common/auth.py; a resumed run keeps its own)."""
         run_dir.mkdir(parents=True, exist_ok=True)
+        auth.ensure_secret(run_dir)
         (run_dir / "config.toml").write_text(dump_toml(services_cfg or self.cfg))
         (run_dir / "asked.toml").write_text(dump_toml(self.asked or self.cfg))
 

@@ -695,4 +695,8 @@ def config_from_cli(
     parser.add_argument("--config", default=None, help="run TOML")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-4")
     args = parser.parse_args()
-    return load_config(args.config, args.overrides), args
+    cfg = load_config(args.config, args.overrides)
+    from . import auth
+
+    auth.load_for_run(Path(cfg.run.output_dir) / cfg.run.run_id)
+    return cfg, args

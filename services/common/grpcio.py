@@ -12,6 +12,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from . import auth
+
 log = logging.getLogger(__name__)
 
 # Batches of token ids exceed gRPC's 4 MiB default; weights never travel here.
@@ -50,6 +52,35 @@ SERVICE_CONFIG = json.dumps(
 )
 
 
+OPEN = {
+    "/grpc.health.v1.Health/Check": "read-only liveness: launchers and compose probe it before they hold a secret",
+    "/grpc.health.v1.Health/Watch": "read-only liveness, as Check",
+    "/grpc.health.v1.Health/List": "read-only liveness, as Check",
+    "/grpo.v1.Coordinator/GetStatus": "read-only progress (step, version, workers); the FastAPI /status says the same",
+    "/grpo.v1.Rollout/Info": "read-only: the worker's model, engine and policy version",
+    "/grpo.v1.WeightSync/Status": "read-only: the published version and the registered endpoints' count",
+}
+"""The calls that need no run secret, each with why. Every other call needs it: a call missing from here is locked
+by default, whatever LOCKED says."""
+
+LOCKED = {
+    "/grpo.v1.Coordinator/StartRun": "starts steps: only the run's launcher or its owner",
+    "/grpo.v1.Coordinator/StopRun": "ends the run",
+    "/grpo.v1.Coordinator/ScaleRollout": "changes how many workers the launcher keeps",
+    "/grpo.v1.Rollout/LoadWeights": "replaces the policy the worker generates with",
+    "/grpo.v1.Trainer/Train": "changes the weights",
+    "/grpo.v1.Trainer/ComputeLogprobs": "read-only, but a forward pass over any batch the caller sends: costly",
+    "/grpo.v1.Trainer/Save": "writes a checkpoint to disk",
+    "/grpo.v1.Trainer/Load": "replaces the weights and optimizer from disk",
+    "/grpo.v1.Trainer/PublishWeights": "starts a refit of every engine",
+    "/grpo.v1.WeightSync/RegisterEndpoint": "adds a receiver of the weights (a fake one stalls every refit)",
+    "/grpo.v1.WeightSync/Layout": "sizes and names of every tensor of the run's model, the first step of a publish",
+    "/grpo.v1.WeightSync/PublishVersion": "sends a weights version to every engine",
+    "/grpo.v1.WeightSync/AwaitVersion": "holds a server thread until a version lands",
+}
+"""The calls that need the run secret, each with why (the test over the protos' RPCs fails on a call in neither)."""
+
+
 class PreconditionError(RuntimeError):
     """The call is well-formed but the service is not in a state to serve it."""
 
@@ -75,10 +106,56 @@ class _RejectMalformed(grpc.ServerInterceptor):
         )
 
 
-def make_server(host: str, port: int, max_workers: int = 8) -> tuple[grpc.Server, int]:
-    """A server with health checking (status SERVING for "") bound to host:port; returns the bound port."""
+class _RequireSecret(grpc.ServerInterceptor):
+    """Every call outside OPEN carries the run secret in its metadata, or gets UNAUTHENTICATED before any servicer
+    code (or the request's parsing) runs."""
+
+    def __init__(self, secret: str):
+        self._secret = secret
+
+    def intercept_service(self, continuation, handler_call_details):
+        if handler_call_details.method in OPEN:
+            return continuation(handler_call_details)
+        given = dict(handler_call_details.invocation_metadata or ()).get(auth.METADATA_KEY)
+        if auth.matches(given if isinstance(given, str) else None, self._secret):
+            return continuation(handler_call_details)
+        why = "without the run secret" if given is None else "with a wrong run secret"
+        message = f"{handler_call_details.method} called {why} (metadata {auth.METADATA_KEY}; the run's run.secret)"
+
+        def refuse(request, context: grpc.ServicerContext):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        handler = continuation(handler_call_details)
+        if handler is not None and handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+class _AddSecret(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    def __init__(self, secret: str):
+        self._pair = (auth.METADATA_KEY, secret)
+
+    def _with_secret(self, details):
+        return details._replace(metadata=[*(details.metadata or ()), self._pair])
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._with_secret(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._with_secret(client_call_details), request)
+
+
+def make_server(host: str, port: int, max_workers: int = 8, secret: str | None = None) -> tuple[grpc.Server, int]:
+    """A server with health checking (status SERVING for "") bound to host:port; returns the bound port. With a run
+    secret (this process's, auth.current(), unless given) every call outside OPEN must carry it."""
+    secret = secret or auth.current()
+    interceptors: list[grpc.ServerInterceptor] = [_RejectMalformed()]
+    if secret:
+        interceptors.insert(0, _RequireSecret(secret))
+    else:
+        log.warning("no run secret: every call of the server on %s:%d is open", host, port)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS, interceptors=[_RejectMalformed()]
+        futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS, interceptors=interceptors
     )
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -89,8 +166,11 @@ def make_server(host: str, port: int, max_workers: int = 8) -> tuple[grpc.Server
     return server, bound
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=[*OPTIONS, ("grpc.service_config", SERVICE_CONFIG)])
+def channel(address: str, secret: str | None = None) -> grpc.Channel:
+    """A channel to address whose every call carries the run secret (this process's, unless given)."""
+    ch = grpc.insecure_channel(address, options=[*OPTIONS, ("grpc.service_config", SERVICE_CONFIG)])
+    secret = secret or auth.current()
+    return grpc.intercept_channel(ch, _AddSecret(secret)) if secret else ch
 
 
 def wait_healthy(address: str, timeout_s: float) -> None:

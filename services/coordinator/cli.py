@@ -1,7 +1,8 @@
 """CLI over the coordinator control API: `python -m services.coordinator.cli ADDRESS start|status|stop`,
 `... ADDRESS workers [--set N]` to list the live rollout workers or set how many the launcher keeps, and
 `... RUN_DIR samples [--last N]` to print what the model wrote (samples.jsonl). ADDRESS is host:port, or the run
-folder (its config.toml names the coordinator)."""
+folder (its config.toml names the coordinator, its run.secret the secret that start, stop and workers --set need;
+with host:port the secret comes from --secret-file or GRPO_RUN_SECRET)."""
 
 import argparse
 import json
@@ -17,38 +18,46 @@ def main() -> None:
     parser.add_argument("--num-steps", type=int, default=0, help="with start: steps to run (0 = configured)")
     parser.add_argument("--last", type=int, default=8, help="with samples: how many of the latest to print")
     parser.add_argument("--set", type=int, help="with workers: the number of rollout workers the launcher keeps")
+    parser.add_argument("--secret-file", type=Path, help="the run's run.secret, where ADDRESS is host:port")
     args = parser.parse_args()
     if args.set is not None and args.set < 0:
         parser.error(f"--set must be a count of workers, got {args.set}")
     if args.command == "samples":
         _print_samples(Path(args.address), args.last)
         return
-    from .client import CoordinatorClient
+    import grpc
 
-    with CoordinatorClient(_coordinator_address(args.address)) as client:
-        if args.command == "workers":
-            if args.set is not None:
-                client.scale_rollout(args.set)
-            _print_workers(client.status(with_workers=True))
-            return
-        if args.command == "start":
-            reply = client.start_run(args.num_steps)
-        elif args.command == "stop":
-            reply = client.stop_run()
-        else:
-            reply = client.status()
+    try:
+        with _client(args.address, args.secret_file) as client:
+            if args.command == "workers":
+                if args.set is not None:
+                    client.scale_rollout(args.set)
+                _print_workers(client.status(with_workers=True))
+                return
+            if args.command == "start":
+                reply = client.start_run(args.num_steps)
+            elif args.command == "stop":
+                reply = client.stop_run()
+            else:
+                reply = client.status()
+    except grpc.RpcError as e:
+        raise SystemExit(f"error: {args.command}: {e.code().name}: {e.details()}") from None
     print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
 
 
-def _coordinator_address(address: str) -> str:
-    """host:port as given, or the coordinator's in a run folder's config.toml."""
-    config = Path(address) / "config.toml"
-    if not config.exists():
-        return address
-    import tomllib
+def _client(address: str, secret_file: Path | None):
+    """The client of the run folder at address, or of the coordinator at host:port."""
+    from services.common import auth
 
-    coordinator = tomllib.loads(config.read_text())["coordinator"]
-    return f"{coordinator['host']}:{coordinator['grpc_port']}"
+    from .client import CoordinatorClient
+
+    if (Path(address) / "config.toml").exists():
+        return CoordinatorClient.for_run(address)
+    try:
+        secret = auth.read_secret(secret_file) if secret_file else None
+    except auth.SecretError as e:
+        raise SystemExit(f"error: {e}") from None
+    return CoordinatorClient(address, secret=secret or auth.env_secret())
 
 
 def _print_workers(status) -> None:

@@ -1,0 +1,153 @@
+"""The locked control plane on real servers: every call of every service that changes state needs the run secret
+(services/common/auth.py); without it, or with a wrong one, the call is UNAUTHENTICATED and nothing changes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from protos.grpo.v1 import (
+    coordinator_pb2,
+    rollout_pb2,
+    rollout_pb2_grpc,
+    trainer_pb2,
+    weightsync_pb2,
+    weightsync_pb2_grpc,
+)
+from services.common import auth
+from services.common.grpcio import LOCKED, OPEN, channel, wait_healthy
+from services.common.ports import free_port
+from services.coordinator.client import CoordinatorClient
+
+PROTOS = {"coordinator": coordinator_pb2, "rollout": rollout_pb2, "trainer": trainer_pb2, "weightsync": weightsync_pb2}
+
+
+def _methods(module) -> list[str]:
+    return [f"/{s.full_name}/{m.name}" for s in module.DESCRIPTOR.services_by_name.values() for m in s.methods]
+
+
+def test_every_rpc_of_every_proto_is_either_open_or_locked_with_a_reason():
+    ours = {m for module in PROTOS.values() for m in _methods(module)}
+    decided = {m for m in {**OPEN, **LOCKED} if not m.startswith("/grpc.health")}
+    assert ours == decided, f"without a decision: {sorted(ours - decided)}; stale: {sorted(decided - ours)}"
+    assert not set(OPEN) & set(LOCKED)
+    assert all(reason.strip() for reason in {**OPEN, **LOCKED}.values())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, tiny_model, redis_url):
+    """The four services of one run whose folder holds a secret, as the launcher leaves it."""
+    from deploy.procs import spawn, stop_all
+    from services.common.config import dump_toml, load_config
+
+    tmp = tmp_path_factory.mktemp("auth")
+    run_dir = tmp / "locked"
+    secret = auth.read_secret(auth.ensure_secret(run_dir))
+    ports = {name: free_port() for name in ("coordinator", "http", "trainer", "weightsync", "store", "rollout")}
+    cfg = load_config(
+        None,
+        [
+            f'model.path="{tiny_model}"',
+            f'redis.url="{redis_url}"',
+            'redis.prompts_stream="prompts-auth"',
+            'redis.trajectories_stream="trajectories-auth"',
+            f'run.output_dir="{tmp}"',
+            'run.run_id="locked"',
+            f"coordinator.grpc_port={ports['coordinator']}",
+            f"coordinator.http_port={ports['http']}",
+            f"trainer.grpc_port={ports['trainer']}",
+            "trainer.num_ranks=1",
+            f"weightsync.grpc_port={ports['weightsync']}",
+            f"weightsync.store_port={ports['store']}",
+            "weightsync.timeout_s=30",
+            f"rollout.grpc_port={ports['rollout']}",
+            'rollout.engine="hf"',
+        ],
+    )
+    path = run_dir / "config.toml"
+    path.write_text(dump_toml(cfg))
+    logs, started = run_dir / "logs", []
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    for name, args in [
+        ("weightsync", ["-m", "services.weightsync.main"]),
+        ("trainer", [*torchrun, "-m", "services.trainer.main"]),
+        ("rollout", ["-m", "services.rollout.main", "--worker-index", "0"]),
+        ("coordinator", ["-m", "services.coordinator.main"]),
+    ]:
+        started.append(spawn(name, [*args, "--config", str(path)], logs))
+    addresses = {name: f"127.0.0.1:{ports[name]}" for name in PROTOS}
+    try:
+        for address in addresses.values():
+            wait_healthy(address, 180)
+        yield {"dir": run_dir, "secret": secret, "addresses": addresses, "coordinator": addresses["coordinator"]}
+    finally:
+        stop_all(started)
+
+
+def _call(address: str, method: str, metadata: list[tuple[str, str]]) -> grpc.StatusCode:
+    """The method with an empty request (valid for every message) and only the metadata given."""
+    with grpc.insecure_channel(address) as ch:
+        try:
+            ch.unary_unary(method)(b"", metadata=metadata, timeout=20)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            return e.code()
+
+
+def _state(run) -> tuple:
+    with CoordinatorClient(run["coordinator"]) as client:
+        status = client.status()
+    with channel(run["addresses"]["weightsync"]) as ch:
+        ws = weightsync_pb2_grpc.WeightSyncStub(ch).Status(weightsync_pb2.StatusRequest(), timeout=10)
+    with channel(run["addresses"]["rollout"]) as ch:
+        info = rollout_pb2_grpc.RolloutStub(ch).Info(rollout_pb2.InfoRequest(), timeout=10)
+    files = sorted(p.relative_to(run["dir"]).as_posix() for p in run["dir"].rglob("*") if "logs" not in p.parts)
+    return (
+        status.state,
+        status.step,
+        status.num_rollout_workers,
+        ws.policy_version,
+        len(ws.endpoints),
+        info.policy_version,
+        files,
+    )
+
+
+def test_every_locked_call_is_refused_without_the_secret_and_changes_nothing(run):
+    before = _state(run)
+    refused = []
+    for service, module in PROTOS.items():
+        for method in _methods(module):
+            for metadata in ([], [(auth.METADATA_KEY, "0" * 64)], [(auth.METADATA_KEY, run["secret"][:-1])]):
+                code = _call(run["addresses"][service], method, metadata)
+                if method in OPEN:
+                    assert code != grpc.StatusCode.UNAUTHENTICATED, method
+                else:
+                    assert code == grpc.StatusCode.UNAUTHENTICATED, (method, metadata, code)
+                    refused.append(method)
+    assert len(set(refused)) == len(LOCKED)
+    assert _state(run) == before
+
+
+def test_the_runs_own_secret_opens_the_locked_calls(run, tmp_path):
+    # The CLI reads the secret from the run folder; given host:port and no secret it is refused in one line.
+    cli = [sys.executable, "-m", "services.coordinator.cli"]
+    out = subprocess.run([*cli, run["coordinator"], "workers", "--set", "3"], capture_output=True, text=True)
+    assert out.returncode != 0 and "UNAUTHENTICATED" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    with CoordinatorClient(run["coordinator"]) as client:
+        assert client.status().num_rollout_workers == 1
+    out = subprocess.run([*cli, str(run["dir"]), "workers", "--set", "3"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    with CoordinatorClient.for_run(run["dir"]) as client:
+        assert client.status().num_rollout_workers == 3
+        client.scale_rollout(1)
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(run["secret"])
+    secret_file.chmod(0o644)  # readable by others: refused before any call
+    out = subprocess.run(
+        [*cli, run["coordinator"], "stop", "--secret-file", str(secret_file)], capture_output=True, text=True
+    )
+    assert out.returncode != 0 and "chmod 600" in out.stderr
