@@ -54,7 +54,10 @@ def evaluate(model, renderer: PromptRenderer, prompts: list[Prompt], reward, max
         )
     model.train(was_training)
     texts = [tok.decode(row[width:], skip_special_tokens=True) for row in out]
-    scores = [reward(p.text, t, p.answer, dict(p.metadata)) for p, t in zip(prompts, texts)]
+    finish = ["stop" if (row[width:] == tok.eos_token_id).any() else "length" for row in out]
+    scores = [
+        reward(p.text, t, p.answer, {**p.metadata, "finish_reason": f}) for p, t, f in zip(prompts, texts, finish)
+    ]
     lengths = [int((row[width:] != pad).sum()) for row in out]
     return {
         "accuracy": sum(full_marks(s) for s in scores) / len(scores),
@@ -115,13 +118,17 @@ def main() -> int:
         "metadata_json": [json.dumps(p.metadata) for p in train],
     }
 
-    def reward_fn(prompts, completions, answer, metadata_json, text, **_):
-        emit("batch", prompts=list(dict.fromkeys(text)))  # this step's prompts, in order (one call per step)
+    def reward_fn(prompts, completions, completion_ids, answer, metadata_json, text, **_):
         texts = [x[-1]["content"] if isinstance(x, list) else x for x in completions]
-        return [
-            reward("", t, a, {**json.loads(m), "num_tokens": 0, "finish_reason": ""})
-            for t, a, m in zip(texts, answer, metadata_json)
+        # As vLLM's finish_reason on our side: "stop" where the completion ends with EOS, "length" where it was cut.
+        finish = ["stop" if ids and ids[-1] == renderer.tokenizer.eos_token_id else "length" for ids in completion_ids]
+        scores = [
+            reward("", t, a, {**json.loads(m), "num_tokens": len(ids), "finish_reason": f})
+            for t, a, m, ids, f in zip(texts, answer, metadata_json, completion_ids, finish)
         ]
+        # This step's prompts, in order (one call per step), and its rewards.
+        emit("batch", prompts=list(dict.fromkeys(text)), rewards=scores)
+        return scores
 
     budget_s = run.train_minutes * 60
 

@@ -88,8 +88,16 @@ def _math_parse(text: str, timeout: int | None) -> list:
     return parse(f"${text}$", parsing_timeout=timeout)
 
 
+def cut_short(metadata: dict) -> bool:
+    """The completion stopped at max_tokens, not at EOS: it has no final answer (the rollout's finish_reason)."""
+    return metadata.get("finish_reason") == "length"
+
+
 def math_reward(prompt: str, completion: str, answer: str, metadata: dict) -> float:
-    """1.0 if the completion's extracted answer is mathematically equal to the reference (math-verify)."""
+    """1.0 if the completion's extracted answer is mathematically equal to the reference (math-verify); 0.0 for a
+    completion cut at max_tokens (cut_short: see reasoning_gym_reward)."""
+    if cut_short(metadata):
+        return 0.0
     _, verify = _math_verify()
     # math-verify times itself out with signal.alarm, which only works in the main thread.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
@@ -134,7 +142,14 @@ def reasoning_gym_reward(prompt: str, completion: str, answer: str, metadata: di
     Its default verifier gives a wrong answer that contains the right one partial credit (len(answer) / len(given):
     "10" for 1 scores 0.5), and GRPO's std normalisation turns a group's lone 0.5 into the same push as a lone
     correct answer: on letter_counting that taught "appears 10 times" and held-out accuracy fell from 0.15 to 0.04
-    (bench/README.md: "The collapse on an unseen task"). The partial credit stays as `reasoning_gym_partial`."""
+    (bench/README.md: "The collapse on an unseen task"). The partial credit stays as `reasoning_gym_partial`.
+
+    A completion cut at max_tokens scores 0.0: it has no final answer, and its last number is whatever it was
+    saying when cut. On products seed 0 the one "correct" sample of step 1 was "I'm ready to assist. ... Please use
+    the numbers 00," (answer 0, cut at 32 tokens); alone in its group it got the full push, and by step 20 the
+    held-out greedy replies were "I'm ready to assist. What's your next question?" (0.35 -> 0.08)."""
+    if cut_short(metadata):
+        return 0.0
     return float(full_marks(reasoning_gym_partial_reward(prompt, completion, answer, metadata)))
 
 

@@ -218,3 +218,21 @@ def test_reasoning_gym_gives_no_partial_credit_to_a_wrong_answer_holding_the_rig
     assert 0 < reasoning_gym_partial_reward(*args) < 1
     assert reasoning_gym_reward(*args) == 0.0
     assert reasoning_gym_reward(e["question"], f"It appears {answer} times", answer, e["metadata"]) == 1.0
+
+
+def test_a_completion_cut_at_max_tokens_has_no_final_answer():
+    # products seed 0, step 1: the group's one "correct" sample was a generic reply cut at 32 tokens whose last
+    # number happened to be the answer; std-normalised, it taught "I'm ready to assist" to every prompt.
+    import reasoning_gym
+
+    [e] = list(reasoning_gym.create_dataset("products", size=1, seed=0, min_digits=1, max_digits=1))
+    answer = e["answer"]
+    rambling = f"I'm ready to assist. What's your section of the editing? Please use the numbers {answer},"
+    for finish, expected in (("length", 0.0), ("stop", 1.0), ("", 1.0)):
+        metadata = {**e["metadata"], "finish_reason": finish}
+        assert reasoning_gym_reward(e["question"], rambling, answer, metadata) == expected
+        assert BUILTIN["math"](e["question"], rambling, answer, metadata) == expected
+    # The raw verifier stays raw: its own name, its own rules.
+    assert (
+        reasoning_gym_partial_reward(e["question"], rambling, answer, {**e["metadata"], "finish_reason": "length"}) == 1
+    )
