@@ -403,7 +403,11 @@ def compare_seeds(args: argparse.Namespace) -> int:
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
         return 0
-    return write_tasks({task: seed_runs(args, task) for task in args.tasks}, args.out)
+    done: dict[str, dict] = {}
+    for task in args.tasks:  # the file is rewritten after each task: a later failure keeps the tasks done
+        done[task] = seed_runs(args, task)
+        write_tasks(done, args.out)
+    return 0
 
 
 def combine(files: list[Path], out: str) -> int:
