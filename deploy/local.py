@@ -90,6 +90,7 @@ def run_services(placement: Placement, run_dir: Path) -> int:
 
 
 def _start_redis(placement: Placement, run_dir: Path):
+    from services.common import auth
     from services.common.redis_server import redis_command, wait_answering
 
     from .procs import start
@@ -97,8 +98,9 @@ def _start_redis(placement: Placement, run_dir: Path):
     data_dir = run_dir / "redis"
     data_dir.mkdir(parents=True, exist_ok=True)
     port = placement.cfg.redis.port
-    redis = start("redis", redis_command(port, data_dir), data_dir / "redis.log", guard=True)
-    wait_answering(redis.proc, port, redis.log)
+    secret = auth.run_secret(run_dir)
+    redis = start("redis", redis_command(port, data_dir, secret=secret), data_dir / "redis.log", guard=True)
+    wait_answering(redis.proc, port, redis.log, secret=secret)
     return redis
 
 

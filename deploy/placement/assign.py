@@ -6,6 +6,7 @@ from pathlib import Path
 
 from services.common.config import RunConfig
 from services.common.ports import free_port
+from services.common.redis_server import USER
 
 from .gpus import Gpus, assign_gpus
 from .nodes import ranks_per_node, split_nodes
@@ -70,7 +71,7 @@ def _set_hosts(cfg: RunConfig, cluster: Cluster, trainer: list[str], rollout: li
         cfg.coordinator.host, cfg.weightsync.host = head, head
         cfg.trainer.host, cfg.weightsync.ucxx_host, cfg.rollout.host = trainer[0], trainer[0], rollout[0]
         if start_redis:
-            cfg.redis.url = f"redis://{head}:{cfg.redis.port}/0"
+            cfg.redis.url = f"redis://{USER}@{head}:{cfg.redis.port}/0"
     elif cluster.backend == "docker":
         for section, host in DOCKER_HOSTS.items():
             getattr(cfg, section).host = host

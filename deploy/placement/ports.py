@@ -6,6 +6,7 @@ import time
 
 from services.common.config import RunConfig
 from services.common.ports import free_port, is_free
+from services.common.redis_server import USER
 
 from .types import Assignment, Backend, PlacementError
 
@@ -27,7 +28,7 @@ def fill_blanks(cfg: RunConfig) -> RunConfig:
     if not cfg.redis.url:
         if cfg.redis.port == 0:
             cfg.redis.port = free_port()
-        cfg.redis.url = f"redis://127.0.0.1:{cfg.redis.port}/0"
+        cfg.redis.url = f"redis://{USER}@127.0.0.1:{cfg.redis.port}/0"
     return cfg
 
 

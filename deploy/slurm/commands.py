@@ -32,6 +32,9 @@ def srun(placement: Placement, a: Assignment, config_path: Path, python: str = s
 
 
 def _redis_args(a: Assignment, data_dir: Path) -> list[str]:
-    # As services.common.redis_server starts it locally: AOF every second, no RDB snapshots.
-    args = ["--port", str(a.ports["redis"]), "--bind", a.host, "--dir", str(data_dir.resolve())]
-    return args + ["--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no"]
+    """As services.common.redis_server starts it locally (its settings file, locked with the run's secret), bound
+    to the head node's address."""
+    from services.common import auth
+    from services.common.redis_server import write_conf
+
+    return [str(write_conf(a.ports["redis"], a.host, data_dir, auth.run_secret(data_dir.parent)).resolve())]

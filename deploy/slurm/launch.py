@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from services.common import auth
 from services.common.config import RunConfig
 
 from .. import records
@@ -48,7 +49,7 @@ def run(placement: Placement, run_dir: Path) -> int:
         for a in placement.assignments:
             services.append(_start(a, srun(placement, a, run_dir / "config.toml"), run_dir / "logs"))
             if a.service == "redis":
-                _wait_redis(cfg.redis.url, services)
+                _wait_redis(cfg.redis.url, services, auth.run_secret(run_dir))
         # A dead rollout worker or Redis is started again as a new job step, as `make run` does (deploy/restarts.py).
         limits = {"redis": cfg.run.max_restarts}
         alive = Restarts(services, lambda: None, lambda name: limits.get(name, cfg.rollout.max_restarts)).check_alive
@@ -73,10 +74,12 @@ def _start(a: Assignment, cmd: list[str], log_dir: Path) -> Service:
     return Service(a.service, proc, log, cmd, env)
 
 
-def _wait_redis(url: str, services: list[Service], timeout_s: float = 120.0) -> None:
+def _wait_redis(url: str, services: list[Service], secret: str | None, timeout_s: float = 120.0) -> None:
     import redis
 
-    client, deadline = redis.Redis.from_url(url), time.monotonic() + timeout_s
+    from services.common.redis_server import password
+
+    client, deadline = redis.Redis.from_url(url, password=password(secret)), time.monotonic() + timeout_s
     while True:
         check_alive(services)
         try:

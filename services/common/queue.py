@@ -1,4 +1,8 @@
-"""Redis Streams client for the two work streams. Payloads are serialized protos (field `pb`)."""
+"""Redis Streams client for the two work streams. Payloads are serialized protos (field `pb`), each signed with the
+run secret (field `sig`, services/common/auth.py): the coordinator signs prompt items, workers sign trajectory
+groups, and a reader drops, counts and logs an entry whose signature is missing or wrong, so a neighbour who
+reaches Redis cannot feed the batch. Locally started Redis also needs a password (services/common/redis_server.py):
+the URL names the user `grpo`, and its password is derived from the run secret, never written down."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from redis.retry import Retry
 
 from protos.grpo.v1 import queue_pb2
 
+from . import auth
+
 log = logging.getLogger(__name__)
 
 ROLLOUT_GROUP = "rollout"
@@ -25,10 +31,18 @@ append-only file takes to answer) before the error reaches the caller."""
 
 
 def connect(url: str) -> redis.Redis:
+    """A client of url; as user `grpo` without a password in the URL, with the run's Redis password."""
     # Every call retries on a lost connection: a restarted Redis is a pause, not the end of the run. A retried
     # XADD whose first try did land makes a duplicate entry; trajectory ids are deterministic and readers dedup.
+    from urllib.parse import urlsplit
+
+    from .redis_server import USER, password
+
+    parts = urlsplit(url)
+    own = parts.username == USER and not parts.password
     return redis.Redis.from_url(
         url,
+        **({"password": password()} if own else {}),
         socket_timeout=30,
         socket_connect_timeout=10,
         retry=Retry(ExponentialBackoff(cap=5.0, base=0.1), RECONNECT_TRIES),
@@ -49,6 +63,21 @@ class WorkQueue:
         self.r, self.prompts, self.trajectories = r, prompts_stream, trajectories_stream
         self.max_deliveries = max_deliveries
         """Deliveries of one work item (each worker that claimed it died or hung on it) before it is dropped."""
+        self.forged = 0
+        """Entries read (groups by the coordinator, items by a worker) whose signature was missing or wrong."""
+
+    def _signed(self, kind: str, payload: bytes) -> dict[str, bytes]:
+        return {"pb": payload, "sig": auth.sign(kind, payload)}
+
+    def _genuine(self, kind: str, entry_id: bytes, fields: dict) -> bool:
+        """Whether the entry carries this run's signature over its payload; a forged one is counted and logged."""
+        if auth.verify(fields.get(b"sig", b""), kind, fields.get(b"pb", b"")):
+            return True
+        self.forged += 1
+        log.error(
+            "%s entry %s has no valid signature of this run: dropped (%d so far)", kind, entry_id.decode(), self.forged
+        )
+        return False
 
     def ensure_group(self) -> None:
         try:
@@ -61,7 +90,7 @@ class WorkQueue:
     def enqueue(self, items: list[queue_pb2.PromptWork]) -> None:
         pipe = self.r.pipeline(transaction=False)
         for item in items:
-            pipe.xadd(self.prompts, {"pb": item.SerializeToString()})
+            pipe.xadd(self.prompts, self._signed("prompt", item.SerializeToString()))
         pipe.execute()
 
     def trajectories_tail(self) -> str:
@@ -77,7 +106,12 @@ class WorkQueue:
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
                 cursor = entry_id.decode()
-                groups.append(queue_pb2.TrajectoryGroup.FromString(fields[b"pb"]))
+                if not self._genuine("group", entry_id, fields):
+                    continue
+                try:
+                    groups.append(queue_pb2.TrajectoryGroup.FromString(fields[b"pb"]))
+                except DecodeError as e:  # signed by this run yet not a group: a defect, not an attack
+                    log.error("trajectory entry %s is not a TrajectoryGroup (%s): skipped", entry_id.decode(), e)
         return cursor, groups
 
     def drop_run_work(self, run_id: str) -> int:
@@ -134,6 +168,17 @@ class WorkQueue:
     def _claim(
         self, consumer: str, count: int, block_ms: int, lease_timeout_s: float
     ) -> list[tuple[str, queue_pb2.PromptWork]]:
+        """Up to count items; entries dropped on reading (forged, corrupt) make it read again at once, so a run of
+        them ahead of genuine work does not turn into an empty claim."""
+        while True:
+            read, out = self._claim_once(consumer, count, block_ms, lease_timeout_s)
+            if out or not read:
+                return out
+            block_ms = 0
+
+    def _claim_once(
+        self, consumer: str, count: int, block_ms: int, lease_timeout_s: float
+    ) -> tuple[int, list[tuple[str, queue_pb2.PromptWork]]]:
         reclaimed = self.r.xautoclaim(
             self.prompts, ROLLOUT_GROUP, consumer, int(lease_timeout_s * 1000), "0-0", count=count
         )
@@ -145,12 +190,15 @@ class WorkQueue:
             entries = reply[0][1] if reply else []
         out = []
         for entry_id, fields in entries:
+            if not self._genuine("prompt", entry_id, fields):
+                self.r.xack(self.prompts, ROLLOUT_GROUP, entry_id)
+                continue
             try:
                 out.append((entry_id.decode(), queue_pb2.PromptWork.FromString(fields[b"pb"])))
             except (KeyError, DecodeError) as e:  # not ours, or corrupt: drop it loudly, keep working
                 log.error("prompt entry %s is not a PromptWork (%s): acked and dropped", entry_id.decode(), e)
                 self.r.xack(self.prompts, ROLLOUT_GROUP, entry_id)
-        return out
+        return len(entries), out
 
     def _drop_if_poison(self, consumer: str, entry_id: bytes, fields: dict) -> bool:
         """A re-claimed item delivered more than max_deliveries times (every worker that took it died or hung) is
@@ -175,7 +223,7 @@ class WorkQueue:
 
     def complete(self, entry_id: str, group: queue_pb2.TrajectoryGroup) -> None:
         # Ack only after the trajectory is in the stream, so a crash re-leases the prompt, never loses it.
-        self.r.xadd(self.trajectories, {"pb": group.SerializeToString()})
+        self.r.xadd(self.trajectories, self._signed("group", group.SerializeToString()))
         self.r.xack(self.prompts, ROLLOUT_GROUP, entry_id)
 
     def heartbeat(self, worker_id: str, **fields: object) -> None:

@@ -207,6 +207,7 @@ class GrpoLoop:
                 **response_metrics(trajectories),
                 "data/cursor": self.feed.cursor,
                 "data/dropped_groups": float(batch.num_dropped),
+                "data/forged_entries": float(self.queue.forged),  # unsigned or forged groups dropped so far
                 "timing/total_s": time.perf_counter() - start,
             }
         )
