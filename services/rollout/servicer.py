@@ -1,4 +1,5 @@
-"""Rollout gRPC edge: info and versioned in-place weight loads."""
+"""Rollout gRPC edge: info and versioned in-place weight loads, only of versions the run's trainer signed and
+never back to an older one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 import torch
 
 from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2
-from services.common.grpcio import servicer_edge
+from services.common.grpcio import PreconditionError, servicer_edge
 from services.weightsync.kernels import checksum as cs
 from services.weightsync.transfer.receiver import Receiver
 
@@ -50,16 +51,22 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             raise ValueError("manifest has no tensors")
         if request.group.world_size < 2 or not 0 < request.group.rank < request.group.world_size:
             raise ValueError(f"bad transfer group rank {request.group.rank} of {request.group.world_size}")
+        _refuse_older(m.policy_version, self.state.policy_version)
         start = time.perf_counter()
-        # Everything arrives and is verified against the sender's committed checksums before the
-        # engine is touched: a failed transfer leaves the previous version fully in service.
+        # Everything arrives and is verified against the sender's signed checksums before the engine is
+        # touched (Receiver.receive): a failed or forged transfer leaves the previous version fully in service.
         with self.receiver.receive(m, request.group, request.source, request.refit_id) as (named, received):
             received_at = time.perf_counter()
             with self.state.lock:
                 locked_at = time.perf_counter()  # generation holds the lock between groups
-                self.state.engine.load_weights(named)
+                # Again under the lock: a joiner's pull and a refit may arrive together. The version held
+                # already (a retried refit, or one repeated for a joining worker, in which a collective transport
+                # needs every member) was received and verified, and is not loaded again.
+                _refuse_older(m.policy_version, self.state.policy_version)
+                if m.policy_version > self.state.policy_version:
+                    self.state.engine.load_weights(named)
+                    self.state.policy_version = m.policy_version
                 loaded_at = time.perf_counter()
-                self.state.policy_version = m.policy_version
                 readback = read_back(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo)
         end = time.perf_counter()
         log.info(
@@ -74,6 +81,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             readback_checksums=readback,
             apply_s=end - start,
         )
+
+
+def _refuse_older(policy_version: int, held_version: int) -> None:
+    """An older version than the engine holds is never applied: replayed, it would roll the policy back."""
+    if policy_version < held_version:
+        raise PreconditionError(f"version {policy_version} is older than version {held_version}, the one held here")
 
 
 # Tensors up to this size are read back and checksummed on every refit (norms, biases, a small model

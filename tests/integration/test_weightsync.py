@@ -7,9 +7,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weightsync_pb2, weightsync_pb2_grpc
+from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2, weightsync_pb2, weightsync_pb2_grpc
+from services.common import auth
 from services.common.grpcio import channel, wait_healthy
 from services.common.ports import free_port
+from services.weightsync.transfer import manifest as mf
+from services.weightsync.transfer import signing
+from services.weightsync.transfer.outcome import RefitError
+from services.weightsync.transfer.plan import ReceiverLayout, layout_of, make_plan
 from services.weightsync.transfer.sender import Sender
 
 UCX_ENV = {"UCX_NET_DEVICES": "lo", "UCX_TLS": "tcp", "UCX_WARN_UNUSED_ENV_VARS": "n"}
@@ -347,3 +352,71 @@ def test_ucxx_refit_and_a_worker_joining_mid_run_pulls_the_current_version(
     result = publish(_new_weights(tiny_model, seed=2), 2, ws, bucket_bytes=16 * 1024, timeout_s=30)
     assert result.num_endpoints == 2
     assert [_info(a).policy_version for a in (rollouts[0], joiner)] == [2, 2]
+
+
+@pytest.fixture
+def locked(tmp_path):
+    """A run folder with its secret, as the launcher leaves it: services started with these overrides read it, and
+    this process calls and signs with it, as the trainer does. Other tests in this process stay unlocked."""
+    secret = auth.read_secret(auth.ensure_secret(tmp_path / "run"))
+    auth.set_secret(secret)
+    yield [f'run.output_dir="{tmp_path}"', 'run.run_id="run"']
+    auth.set_secret(None)
+
+
+def _forged(manifest: weights_pb2.WeightManifest) -> weights_pb2.WeightManifest:
+    manifest.signature = bytes(32)
+    return manifest
+
+
+def _refused(call) -> str:
+    """The details of a call refused as FAILED_PRECONDITION."""
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value
+    return e.value.details()
+
+
+def test_only_versions_signed_by_the_runs_trainer_are_applied(
+    services, tiny_model, redis_url, locked, publish, monkeypatch
+):
+    ws, (rollout,) = _start(services, tiny_model, redis_url, "hf", extra=locked)
+    named = _new_weights(tiny_model, seed=2)
+    assert publish(named, 2, ws, bucket_bytes=64 * 1024, timeout_s=20).num_readback_verified == len(named)
+    zeros = [(n, torch.zeros_like(t)) for n, t in named]
+
+    # A sender with the call secret whose manifest is unsigned or forged: weightsync refuses the announcement.
+    for sign, why in [(lambda m: m, "version 424242 is not signed"), (_forged, "a signature that is not the run's")]:
+        with monkeypatch.context() as patch:
+            patch.setattr(signing, "sign_manifest", sign)
+            details = _refused(lambda: Sender("forger").publish(zeros, 424242, ws, 64 * 1024, timeout_s=20))
+        assert why in details
+    # A signed manifest whose checksums behind the bytes are not signed: the zeros reach the engine's process,
+    # and are refused before the engine sees them.
+    with monkeypatch.context() as patch:
+        patch.setattr(signing, "sign_commit", lambda m, commit: commit)
+        with pytest.raises(RefitError, match="checksums of version 424242 are not signed"):
+            publish(zeros, 424242, ws, bucket_bytes=64 * 1024, timeout_s=20)
+
+    # Straight to the engine, past weightsync: unsigned, then signed but older than the version it holds.
+    plan = make_plan(layout_of(zeros), ReceiverLayout(), 64 * 1024)
+    group = weights_pb2.TransferGroup(
+        store_host="127.0.0.1", store_port=free_port(), prefix="fake", world_size=2, rank=1, backend="gloo",
+        timeout_s=5,
+    )  # fmt: skip
+    with channel(rollout) as ch:
+        stub = rollout_pb2_grpc.RolloutStub(ch)
+        for manifest, why in [
+            (mf.to_manifest(plan, 31337, "xxh3"), "version 31337 is not signed"),
+            (signing.sign_manifest(mf.to_manifest(plan, 1, "xxh3")), "version 1 is older than version 2"),
+        ]:
+            request = rollout_pb2.LoadWeightsRequest(manifest=manifest, group=group, refit_id="fake")
+            assert why in _refused(lambda r=request: stub.LoadWeights(r, timeout=10))
+    assert _info(rollout).policy_version == 2
+
+    # The held version again (a retried refit) is received and verified, not loaded again; the engine reads
+    # back version 2 bit for bit, so nothing of the above reached its weights. A newer version still goes in.
+    assert publish(named, 2, ws, bucket_bytes=64 * 1024, timeout_s=20).num_readback_verified == len(named)
+    assert _info(rollout).policy_version == 2
+    publish(_new_weights(tiny_model, seed=3), 3, ws, bucket_bytes=64 * 1024, timeout_s=20)
+    assert _info(rollout).policy_version == 3 and _status(ws).endpoints[0].applied_version == 3

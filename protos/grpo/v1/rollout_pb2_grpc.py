@@ -56,7 +56,9 @@ class RolloutServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LoadWeights(self, request, context):
-        """Receive a version over the group's data plane, verify it, apply it in place.
+        """Receive a version over the group's data plane, verify it, apply it in place. Refused (FAILED_PRECONDITION)
+        where its manifest or commit is not signed by the run's trainer, or it is older than the version held; the
+        version held is received and verified but not loaded again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

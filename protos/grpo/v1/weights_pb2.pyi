@@ -33,18 +33,20 @@ class BucketSpec(_message.Message):
     def __init__(self, index: _Optional[int] = ..., nbytes: _Optional[int] = ..., sender: _Optional[int] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
-    __slots__ = ("policy_version", "tensors", "buckets", "payload_bytes", "checksum_algo")
+    __slots__ = ("policy_version", "tensors", "buckets", "payload_bytes", "checksum_algo", "signature")
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_ALGO_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     policy_version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     buckets: _containers.RepeatedCompositeFieldContainer[BucketSpec]
     payload_bytes: int
     checksum_algo: str
-    def __init__(self, policy_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketSpec, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., checksum_algo: _Optional[str] = ...) -> None: ...
+    signature: bytes
+    def __init__(self, policy_version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., buckets: _Optional[_Iterable[_Union[BucketSpec, _Mapping]]] = ..., payload_bytes: _Optional[int] = ..., checksum_algo: _Optional[str] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class TransferGroup(_message.Message):
     __slots__ = ("store_host", "store_port", "prefix", "world_size", "rank", "backend", "timeout_s", "num_senders")

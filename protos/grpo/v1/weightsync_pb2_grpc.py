@@ -79,7 +79,7 @@ class WeightSyncServicer:
 
     def PublishVersion(self, request, context):
         """Announce a version; the service starts every endpoint receiving (Rollout.LoadWeights) and returns the
-        sender's group.
+        sender's group. A manifest the run's trainer did not sign is refused (FAILED_PRECONDITION).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -3,7 +3,8 @@
 One refit: the sender asks for the Layout, announces the version (PublishVersion), whereupon the service
 calls every endpoint's LoadWeights; the bytes and the sender's commit go over the data plane, straight
 from sender to receivers; the sender then waits for the endpoints' outcomes (AwaitVersion). Nobody calls
-back into a service that is waiting on it.
+back into a service that is waiting on it. A version whose manifest the run's trainer did not sign is refused
+here already (the receivers check it again, and the commit's signature, themselves).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from services.common.config import WeightsyncSection
 from services.common.grpcio import PreconditionError, servicer_edge
 
 from ..transfer.plan import CAST_DTYPES
+from ..transfer.signing import check_manifest
 from ..transports import choose, kind, several_senders
 from .endpoints import EndpointRecord, RefitRecord
 
@@ -137,6 +139,7 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
         bad = [b.index for b in m.buckets if b.sender >= num_senders]
         if bad:
             raise ValueError(f"buckets {bad[:5]} name a sender outside the {num_senders} senders")
+        check_manifest(m)  # before any endpoint is called: a forged version costs nobody a transfer
         return num_senders
 
     def _group(self, request, num_senders: int, members: tuple[str, ...]) -> weights_pb2.TransferGroup:

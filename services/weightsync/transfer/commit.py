@@ -1,5 +1,5 @@
-"""The commit of one version: the sender's bucket checksums, which follow the bytes over the data plane, or
-why it stopped. Imports no protos: transports carry it as bytes."""
+"""The commit of one version: the sender's bucket checksums, which follow the bytes over the data plane, signed
+(signing.py), or why it stopped. Imports no protos: transports carry it as bytes."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ class Commit:
 
     bucket_checksums: tuple[str, ...] = ()
     error: str = ""
+    signature: bytes = b""
+    """The run secret's HMAC over the checksums and the manifest's signature (signing.sign_commit)."""
 
     @property
     def checksum(self) -> str:
@@ -23,12 +25,13 @@ class Commit:
         return combine(list(self.bucket_checksums)) if not self.error else ""
 
     def encode(self) -> bytes:
-        return json.dumps({"bucket_checksums": list(self.bucket_checksums), "error": self.error}).encode()
+        d = {"bucket_checksums": list(self.bucket_checksums), "error": self.error, "signature": self.signature.hex()}
+        return json.dumps(d).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Commit:
         d = json.loads(data)
-        return cls(tuple(d["bucket_checksums"]), d["error"])
+        return cls(tuple(d["bucket_checksums"]), d["error"], bytes.fromhex(d["signature"]))
 
     @classmethod
     def of_shares(cls, shares: list[tuple[list[int], list[str], str]], num_buckets: int) -> Commit:

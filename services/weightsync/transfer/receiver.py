@@ -1,5 +1,6 @@
-"""Receiver side of a refit, used by rollout workers: bytes in, then the sender's commit behind them over the
-same data plane, every bucket verified against it, and only then tensors out."""
+"""Receiver side of a refit, used by rollout workers: a manifest signed by the run's trainer, bytes in, then the
+sender's signed commit behind them over the same data plane, every bucket verified against it, and only then
+tensors out."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from .arrival import receive_buckets, view_buckets
 from .commit import Commit
 from .manifest import plan_of
 from .pack import unpack
+from .signing import check_commit, check_manifest
 from .timing import Marks, gc_held
 
 log = logging.getLogger(__name__)
@@ -38,10 +40,13 @@ class Receiver:
         self, m: weights_pb2.WeightManifest, group, source, refit_id: str
     ) -> Iterator[tuple[list[tuple[str, torch.Tensor]], str]]:
         """Receive every bucket and the commit, verify each bucket against it; yield tensors and checksum.
+        A manifest or commit the run's trainer did not sign raises SignatureError: the first before any byte
+        moves, the second before any tensor is yielded.
 
         Over an in-place transport (cuda_ipc) the tensors are views of the sender's memory: they are valid
         inside the block only, and leaving it (or a failure before) releases them to the sender. The garbage
         collector waits until then (timing.gc_held)."""
+        check_manifest(m)
         with gc_held():
             marks, sender = Marks(), source.sender_id or "the sender"
             plan = plan_of(m)
@@ -67,6 +72,7 @@ class Receiver:
             try:
                 if commit.error:
                     raise PeerError(f"{sender} aborted version {m.policy_version}: {commit.error}")
+                check_commit(m, commit)  # the checksums the buckets must match are the trainer's own
                 bad = [i for i, (got, want) in enumerate(zip(sums, commit.bucket_checksums)) if got != want]
                 if bad or len(sums) != len(commit.bucket_checksums):
                     raise ValueError(

@@ -1,9 +1,10 @@
 """Sender side of a refit, used by the trainer: one path for one sending rank or many.
 
 Rank 0 asks the weightsync service how the receivers want the weights (Layout) and announces the version
-(PublishVersion); every rank packs and sends its own run of buckets over the transport; rank 0 commits the
-checksums of all of them over the data plane, right behind the bytes, and waits for the endpoints
-(AwaitVersion). Every rank then checks what the engines read back of the tensors it sent.
+(PublishVersion) with its manifest signed by the run secret; every rank packs and sends its own run of buckets
+over the transport; rank 0 commits the checksums of all of them, signed too (signing.py), over the data plane,
+right behind the bytes, and waits for the endpoints (AwaitVersion). Every rank then checks what the engines read
+back of the tensors it sent.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..kernels import checksum as cs
 from ..transports import Transports, kind, several_senders
 from ..transports.base import Offer, Transfer, Transport, first_line
 from . import manifest as mf
+from . import signing
 from .commit import Commit
 from .outcome import RefitError, RefitResult, verify
 from .pack import pack_version, packed_buckets
@@ -143,6 +145,7 @@ class Sender:
         source = _source(self.sender_id, offer)
         algo = cs.algo_for(transport.device())
         own = [i for i, r in enumerate(plan.senders) if r == self.ranks.rank]
+        manifest = signing.sign_manifest(mf.to_manifest(plan.plan, policy_version, algo, plan.senders))
         marks.mark("offered")
         # A ring that holds the version is packed (one launch) before the announcement: the GPU packs while
         # the receivers are called, and nothing is announced where packing fails. (Announcing first, with the
@@ -153,12 +156,12 @@ class Sender:
             raise RefitError(f"version {policy_version} not sent: packing failed: {first_line(e)}") from e
         marks.mark("packing enqueued")
         with self._stub(address) as stub:
-            announced = self.ranks.on_rank0(lambda: self._announce(stub, plan, policy_version, algo, source, timeout_s))
+            announced = self.ranks.on_rank0(lambda: self._announce(stub, manifest, source, timeout_s))
             if isinstance(announced, Failed):
                 return None
             marks.mark("announced")
             reply = weightsync_pb2.PublishReply.FromString(announced)
-            commit = self._transfer(transport, reply, source, plan, lookup, ring, packed, marks)
+            commit = self._transfer(transport, reply, source, manifest, plan, lookup, ring, packed, marks)
             request = weightsync_pb2.AwaitRequest(
                 refit_id=reply.refit_id, timeout_s=timeout_s, sender_error=commit.error
             )
@@ -175,18 +178,17 @@ class Sender:
             log.info("refit %s: %s", reply.refit_id, marks)
         return result
 
-    def _announce(self, stub, plan: RefitPlan, version: int, algo: str, source, timeout_s: float) -> bytes:
-        manifest = mf.to_manifest(plan.plan, version, algo, plan.senders)
+    def _announce(self, stub, manifest: weights_pb2.WeightManifest, source, timeout_s: float) -> bytes:
         request = weightsync_pb2.PublishRequest(
             manifest=manifest, timeout_s=timeout_s, source=source, num_senders=self.ranks.world
         )
         return stub.PublishVersion(request, timeout=timeout_s).SerializeToString()
 
     def _transfer(
-        self, transport: Transport, reply, source, plan: RefitPlan, lookup, ring, packed, marks: Marks
+        self, transport: Transport, reply, source, manifest, plan: RefitPlan, lookup, ring, packed, marks: Marks
     ) -> Commit:
         """Pack (unless `packed` holds this rank's bucket indices and their packed version) and send this
-        rank's buckets, then commit every rank's checksums (or their errors)."""
+        rank's buckets, then commit every rank's checksums (or their errors), signed for `manifest`."""
         rank, group = self.ranks.rank, weights_pb2.TransferGroup()
         group.CopyFrom(reply.group)
         group.rank = rank
@@ -205,21 +207,23 @@ class Sender:
             who = "sender" if self.ranks.world == 1 else f"sender rank {rank}"
             digests, error = [], f"{who}: {first_line(e)}"
         commit = Commit.of_shares(self.ranks.gather((own, digests, error)), plan.plan.num_buckets)
-        commit = self._commit(transport, transfer, commit)
+        commit = self._commit(transport, transfer, commit, manifest)
         marks.mark("committed")
         transport.end(transfer, failed=bool(commit.error))
         marks.mark("released")
         return commit
 
-    def _commit(self, transport: Transport, transfer: Transfer, commit: Commit) -> Commit:
-        """Rank 0 sends the commit behind the bytes; other sending ranks take part where the transport needs
-        them to. After a failure with several senders nobody does: a rank that failed may not take part,
+    def _commit(
+        self, transport: Transport, transfer: Transfer, commit: Commit, manifest: weights_pb2.WeightManifest
+    ) -> Commit:
+        """Rank 0 sends the commit behind the bytes, signed; other sending ranks take part where the transport
+        needs them to. After a failure with several senders nobody does: a rank that failed may not take part,
         and the receivers fail on their deadline."""
         if commit.error and self.ranks.world > 1:
             return commit
         try:
             if self.ranks.rank == 0:
-                transport.send_commit(transfer, commit.encode())
+                transport.send_commit(transfer, signing.sign_commit(manifest, commit).encode())
             else:
                 transport.receive_commit(transfer)
         except Exception as e:
