@@ -23,6 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from deploy.ranks import launches_ranks  # noqa: E402
+
 RUN_ID, NUM_STEPS, NUM_PROMPTS, NUM_SAMPLES = "chaos", 60, 4, 4
 FAULTS = {"rollout_worker": 20, "redis": 5, "trainer": 3, "weightsync": 1, "coordinator": 1}
 RESUMING = ("trainer", "weightsync", "coordinator")
@@ -100,7 +103,7 @@ def victims(kind: str, run_dir: Path) -> list[tuple[int, str]]:
         return [(pid, "redis") for pid, _ in processes(f"redis-server 127.0.0.1:{port}")]
     found = []
     for pid, cmd in processes(str(run_dir)):
-        if VICTIM[kind] in cmd and "deploy.guard" not in cmd and "torch.distributed.run" not in cmd:
+        if VICTIM[kind] in cmd and "deploy.guard" not in cmd and not launches_ranks(cmd):
             index = re.search(r"--worker-index (\d+)", cmd)
             found.append((pid, f"rollout-{index.group(1)}" if index else kind))
     return found

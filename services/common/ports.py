@@ -30,3 +30,10 @@ def free_port() -> int:
             _handed_out.add(port)
             return port
     raise RuntimeError(f"no free port in [{_LOW}, {_HIGH})")
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on host:port only (0 = a free port), for servers that would otherwise listen on every
+    interface: torch's TCPStore takes its descriptor as master_listen_fd."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family, backlog=512)

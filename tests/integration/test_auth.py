@@ -151,3 +151,59 @@ def test_the_runs_own_secret_opens_the_locked_calls(run, tmp_path):
         [*cli, run["coordinator"], "stop", "--secret-file", str(secret_file)], capture_output=True, text=True
     )
     assert out.returncode != 0 and "chmod 600" in out.stderr
+
+
+def test_a_running_run_listens_on_its_host_alone_and_obeys_its_owner_alone(tmp_path, tiny_model):
+    """`make run`'s processes (vLLM, the trainer ranks, their stores, Redis) listen on 127.0.0.1 only; a stranger's
+    StopRun is refused and the owner's, through the run folder, stops the run."""
+    import os
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    repo = Path(__file__).resolve().parents[2]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "deploy.local", "--config", str(repo / "deploy/configs/local.toml")]
+        + [f'run.output_dir="{tmp_path}"', 'run.run_id="listen"', f'model.path="{tiny_model}"', "run.num_steps=1000"]
+        + ["trainer.num_ranks=2", "rollout.cpu_compile=false", "coordinator.num_prompts=2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    run_dir = tmp_path / "listen"
+    try:
+        deadline = time.monotonic() + 300
+        while not ((run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text()):
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout.read().decode()[-3000:]
+            time.sleep(0.5)
+        ours = set()
+        for p in psutil.Process(launcher.pid).children(recursive=True):
+            ours.add(p.pid)
+        for p in psutil.process_iter(["pid", "cmdline"]):  # services start in sessions of their own
+            if str(run_dir) in " ".join(p.info["cmdline"] or []):
+                ours |= {p.pid, *(c.pid for c in p.children(recursive=True))}
+        listening = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+        assert len(listening) >= 8  # Redis, 4 gRPC servers, 2 stores, the HTTP status, vLLM's and gloo's own
+        elsewhere = [(c.laddr, c.pid) for c in listening if c.laddr.ip not in ("127.0.0.1", "::ffff:127.0.0.1")]
+        assert not elsewhere, [(a, psutil.Process(pid).cmdline()[:6]) for a, pid in elsewhere]
+
+        import tomllib
+
+        co = tomllib.loads((run_dir / "config.toml").read_text())["coordinator"]
+        stranger = subprocess.run(
+            [sys.executable, "-m", "services.coordinator.cli", f"127.0.0.1:{co['grpc_port']}", "stop"],
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != auth.ENV},
+        )
+        assert stranger.returncode != 0 and "UNAUTHENTICATED" in stranger.stderr
+        assert launcher.poll() is None
+        owner = subprocess.run(
+            [sys.executable, "-m", "services.coordinator.cli", str(run_dir), "stop"], capture_output=True, text=True
+        )
+        assert owner.returncode == 0, owner.stderr
+        launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.send_signal(2)
+            launcher.communicate(timeout=60)

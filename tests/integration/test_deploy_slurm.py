@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.ranks import launches_ranks
 from services.common.ports import free_port
 
 pytestmark = pytest.mark.skipif(
@@ -188,7 +189,7 @@ def test_make_down_stops_a_running_job(slurm_env, tmp_path, tiny_model):
 
     # A trainer rank killed: the launcher stops every step and resumes the run from its newest checkpoint.
     [rank] = [p for p in _processes_mentioning(str(run_dir)) if "-m services.trainer.main" in p and "srun" not in p
-              and "torch.distributed.run" not in p]  # fmt: skip
+              and not launches_ranks(p)]  # fmt: skip
     os.kill(int(rank.split(":")[0]), 9)
     job_out = run_dir / f"slurm-{job_id}.out"
     _wait_for(lambda: "trainer died: resuming the run from step" in job_out.read_text(), 120, "no resume",

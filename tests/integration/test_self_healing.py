@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from deploy.ranks import launches_ranks
+
 REPO = Path(__file__).resolve().parents[2]
 NUM_STEPS, NUM_PROMPTS, NUM_SAMPLES = 4, 2, 2
 # A reward that holds the worker in step 3 (after the samples of steps 1 and 2) while the file `hold` exists: the
@@ -71,7 +73,7 @@ def _find(victim: str, run_dir: Path) -> int:
         port = tomllib.loads((run_dir / "config.toml").read_text())["redis"]["port"]
         [(pid, _)] = _processes(f"redis-server 127.0.0.1:{port}")
         return pid
-    [(pid, _)] = [(p, c) for p, c in _processes(str(run_dir)) if victim in c and "torch.distributed.run" not in c]
+    [(pid, _)] = [(p, c) for p, c in _processes(str(run_dir)) if victim in c and not launches_ranks(c)]
     return pid
 
 

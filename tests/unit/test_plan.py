@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from deploy.docker.launch import compose_env, container_config, gpu_override, project_name
@@ -46,7 +48,7 @@ def test_one_cpu_node_keeps_the_local_hosts():
     # A CPU run hides the GPUs from every service (weightsync would pick NCCL on seeing one).
     assert all(a.gpus == () for a in placement.assignments if a.service != "redis")
     assert placement.get("rollout-1").ports == {"grpc": 21101}
-    assert placement.cfg.redis.url == "redis://127.0.0.1:21006/0"
+    assert placement.cfg.redis.url == "redis://grpo@127.0.0.1:21006/0"  # the run's user; its password is not here
     assert "status: http://127.0.0.1:21002/status" in format_placement(placement)
 
 
@@ -68,7 +70,7 @@ def test_even_split_over_slurm_nodes():
     # Every service binds, and is reached at, its node's name; Redis and the coordinator on the first node.
     assert placement.get("rollout-1").host == "n3"
     assert placement.get("redis").nodes == placement.get("coordinator").nodes == ("n0",)
-    assert placement.cfg.redis.url == "redis://n0:21006/0"
+    assert placement.cfg.redis.url == "redis://grpo@n0:21006/0"
     assert (placement.cfg.coordinator.host, placement.cfg.weightsync.host, placement.cfg.weightsync.ucxx_host) == (
         "n0",
         "n0",
@@ -160,13 +162,19 @@ def test_srun_of_a_worker_binds_its_own_node(tmp_path):
     cmd = srun(placement, placement.get("rollout-1"), tmp_path / "config.toml", python="py")
     assert "--nodelist=n3" in cmd and cmd[-1] == "rollout.host=n3" and "--gpus=0" in cmd
     redis = srun(placement, placement.get("redis"), tmp_path / "config.toml", python="py")
-    assert "--redis" in redis and "--appendonly" in redis and "--gpus" not in " ".join(redis)
+    assert "--redis" in redis and "--gpus" not in " ".join(redis)
+    # Its settings in a file only its owner reads (the password is on no command line), bound to the head node.
+    conf = Path(redis[-1])
+    assert conf.name == "redis.conf" and conf.stat().st_mode & 0o077 == 0
+    assert {"bind n0", "port 21006", "appendonly yes", "appendfsync always"} <= set(conf.read_text().splitlines())
 
 
-def test_single_node_trainer_is_standalone(tmp_path):
+def test_single_node_trainer_ranks_have_their_store_on_the_node_alone(tmp_path):
     placement = _place(Cluster("slurm", ("n0",), 0), "trainer.num_ranks=2")
     cmd = srun(placement, placement.get("trainer"), tmp_path / "c.toml", python="py")
-    assert "--standalone" in cmd and "--nproc-per-node=2" in cmd and "--gpus=" in cmd
+    tail = cmd[cmd.index("--") + 1 :]
+    assert tail[:2] == ["-m", "deploy.ranks"] and "--nproc-per-node=2" in tail and "--host=n0" in tail
+    assert "--gpus=" in cmd
 
 
 def test_gpus_per_node_from_slurm_environment():
