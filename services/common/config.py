@@ -392,6 +392,11 @@ class TrainerSection(_Section):
     only makes the ranks and the rollout workers fight over the cores."""
     grpc_port: int = Field(default=0, ge=0, le=65535)
     """gRPC port served by rank 0; 0 = a free port chosen at launch."""
+    checkpoint_root: str = ""
+    """A folder where Trainer.Save may write and Trainer.Load may read, besides the run's own folder
+    (`<run.output_dir>/<run.run_id>`); empty = the run folder only. Any other path, symlinks followed, is refused
+    (INVALID_ARGUMENT): the paths come from callers, and a checkpoint is written and read only where the run keeps
+    its own."""
     lr: float = Field(default=1e-6, gt=0)
     """AdamW learning rate (1e-6 is verl's and TRL's GRPO default; small models take 1e-5)."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"

@@ -16,7 +16,9 @@ class HFEngine:
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
+        # safetensors only: a .bin in the folder would be a pickle.
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, use_safetensors=True)
+        self.model = model.to(self.device).eval()
         if lm_head_fp32 and self.dtype != torch.float32:  # as the trainer's head (model.lm_head_fp32)
             from services.common.lm_head import install_fp32_lm_head
 

@@ -70,6 +70,7 @@ def engine_args(cfg: RolloutSection, on_gpu: bool) -> dict:
         max_num_seqs=cfg.max_num_seqs,
         # Logprobs of the distribution sampled from (after temperature), the one the trainer scores.
         logprobs_mode="processed_logprobs",
+        load_format="safetensors",  # never a pickled .bin, whatever else the model folder holds
         worker_extension_cls="services.rollout.vllm_ext.WeightLoaderExtension",
         **(gpu_args if on_gpu else {}),
     )

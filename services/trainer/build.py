@@ -56,7 +56,10 @@ def load_model(path: str, dtype: torch.dtype, attn_implementation: str) -> nn.Mo
 
     if attn_implementation == SDPA_VARLEN:
         register_attention()
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    # safetensors only: a .bin in the folder would be a pickle, and model.path may be an export of ours.
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attn_implementation, use_safetensors=True
+    )
 
 
 def assemble_engine(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -16,6 +17,17 @@ TRAIN_STATE = "train_state"
 # Weight files of the source directory are replaced by the trained weights; everything else
 # (config, generation config, tokenizer, chat template) is copied unchanged.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+def confine(path: str, roots: Sequence[Path]) -> Path:
+    """path resolved (symlinks followed), refused with ValueError unless it lies strictly inside one of roots (each
+    resolved): Save and Load take paths from callers, and a checkpoint is written and read only where the run keeps
+    its own. Strictly, so that the staging sibling of a Save lies inside too."""
+    resolved = Path(path).resolve()
+    if not any(root in resolved.parents for root in roots):
+        allowed = " or ".join(str(root) for root in roots)
+        raise ValueError(f"{path} resolves to {resolved}, outside {allowed} (the run folder, trainer.checkpoint_root)")
+    return resolved
 
 
 def staging_dir(path: Path) -> Path:

@@ -23,6 +23,7 @@ from . import checkpoint
 from .attention import SDPA_VARLEN, block_masks, row_mask, shared_flash_layout
 from .losses import mult_prob_error, token_logprobs, token_logprobs_and_entropy
 from .lr_schedule import lr_factor
+from .manifest import write_manifest
 from .objective import TokenInputs, loss_weights, token_objective
 from .packing import Packed, Seq, plan, response_offsets
 
@@ -192,6 +193,8 @@ class Engine:
         if self.rank != 0:
             return {}
         checkpoint.write_hf(sd, self.model_dir, staging)
+        # Last, once every rank's files are in: Load trusts nothing the manifest does not vouch for.
+        write_manifest(staging)
         checkpoint.publish_dir(staging, path)
         return {name: tensor_checksum(t) for name, t in sd.items()}
 

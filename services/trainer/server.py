@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -72,7 +73,9 @@ def _init_distributed(num_threads: int) -> torch.device:
 def _lead(cfg: RunConfig, driver: Driver, engine: Engine, stop: threading.Event) -> None:
     server, port = make_server(cfg.trainer.host, cfg.trainer.grpc_port)
     trainer = cfg.trainer
-    servicer = TrainerServicer(driver, engine.vocab_size, trainer.max_tokens_per_microbatch, trainer.minibatches)
+    servicer = TrainerServicer(
+        driver, engine.vocab_size, trainer.max_tokens_per_microbatch, trainer.minibatches, _checkpoint_roots(cfg)
+    )
     trainer_pb2_grpc.add_TrainerServicer_to_server(servicer, server)
     server.start()
     log.info("trainer serving on %s:%d (%d ranks, %s)", cfg.trainer.host, port, engine.world, engine.device.type)
@@ -80,3 +83,11 @@ def _lead(cfg: RunConfig, driver: Driver, engine: Engine, stop: threading.Event)
         driver.ping()
     server.stop(_GRACE_S).wait()
     driver.shutdown()
+
+
+def _checkpoint_roots(cfg: RunConfig) -> list[Path]:
+    """The folders Save and Load may use: the run's, and trainer.checkpoint_root where set."""
+    roots = [Path(cfg.run.output_dir) / cfg.run.run_id]
+    if cfg.trainer.checkpoint_root:
+        roots.append(Path(cfg.trainer.checkpoint_root))
+    return [root.resolve() for root in roots]

@@ -7,21 +7,32 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import Message
 
 from protos.grpo.v1 import trainer_pb2, trainer_pb2_grpc
 from services.common.grpcio import PreconditionError, servicer_edge
 from services.weightsync.transfer.outcome import RefitError
 
-from .checkpoint import TRAIN_STATE
+from .checkpoint import TRAIN_STATE, confine, staging_dir
 from .commands import Op
 from .driver import Driver
+from .manifest import verify_manifest
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
-    def __init__(self, driver: Driver, vocab_size: int, max_tokens_per_microbatch: int, minibatches: int = 1):
+    def __init__(
+        self,
+        driver: Driver,
+        vocab_size: int,
+        max_tokens_per_microbatch: int,
+        minibatches: int = 1,
+        checkpoint_roots: Sequence[Path] = (),
+    ):
         self.driver = driver
         self.vocab_size, self.max_tokens_per_microbatch = vocab_size, max_tokens_per_microbatch
         self.minibatches = minibatches
+        self.checkpoint_roots = tuple(checkpoint_roots)
+        """Resolved folders that Save and Load paths must lie inside (checkpoint.confine)."""
 
     @servicer_edge
     def Train(self, request, context):
@@ -39,19 +50,24 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def Save(self, request, context):
         if not request.path:
             raise ValueError("path is required")
-        path = Path(request.path)
+        path = confine(request.path, self.checkpoint_roots)
+        confine(str(staging_dir(path)), self.checkpoint_roots)  # a planted staging symlink would lead out
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise ValueError(f"{path} exists and is not an empty folder; checkpoints are never overwritten")
-        return self.driver.call(Op.SAVE, request)
+        # Every rank gets the resolved path: the one checked, whatever the links under it become meanwhile.
+        return self.driver.call(Op.SAVE, _with_path(request, path))
 
     @servicer_edge
     def Load(self, request, context):
         if not request.path:
             raise ValueError("path is required")
-        folder = Path(request.path) / TRAIN_STATE  # complete if present: save() publishes by a rename
+        path = confine(request.path, self.checkpoint_roots)
+        folder = path / TRAIN_STATE  # complete if present: save() publishes by a rename
         if not folder.is_dir() or not any(folder.iterdir()):
             raise ValueError(f"{request.path} holds no training state ({folder} is missing); save without weights_only")
-        return self.driver.call(Op.LOAD, request)
+        # Before any rank's torch opens a file of it: DCP unpickles .metadata, so a planted one would run code.
+        verify_manifest(path, complete=(TRAIN_STATE,))
+        return self.driver.call(Op.LOAD, _with_path(request, path))
 
     @servicer_edge
     def PublishWeights(self, request, context):
@@ -90,6 +106,13 @@ def _check_training_fields(i: int, s: trainer_pb2.Sequence) -> None:
         )
     if not math.isfinite(s.advantage):
         raise ValueError(f"sequence {i}: advantage must be finite, got {s.advantage}")
+
+
+def _with_path(request: Message, path: Path) -> Message:
+    checked = type(request)()
+    checked.CopyFrom(request)
+    checked.path = str(path)
+    return checked
 
 
 def _describe(e: Exception) -> str:

@@ -52,7 +52,7 @@ def _overrides(model_dir: Path, port: int) -> list[str]:
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory, tiny_model):
     tmp, model_dir, port = tmp_path_factory.mktemp("trainer"), tiny_model, free_port()
-    overrides = _overrides(model_dir, port)
+    overrides = [*_overrides(model_dir, port), f"trainer.checkpoint_root={tmp}"]
     log_path = tmp / "trainer.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     cmd += ["-m", "services.trainer.main", *overrides]
@@ -224,7 +224,8 @@ def test_malformed_requests_are_rejected_and_the_server_keeps_serving(trainer):
         (stub.Train, trainer_pb2.TrainRequest(sequences=[good[0], short]), "sequence 1"),
         (stub.Train, trainer_pb2.TrainRequest(sequences=[]), "must not be empty"),
         (stub.ComputeLogprobs, trainer_pb2.LogprobsRequest(sequences=[bad_token]), "token id 78"),
-        (stub.Save, trainer_pb2.SaveRequest(path=str(trainer["model_dir"])), "not an empty folder"),
+        (stub.Save, trainer_pb2.SaveRequest(path=str(trainer["log"])), "not an empty folder"),
+        (stub.Save, trainer_pb2.SaveRequest(path=str(trainer["model_dir"] / "out")), "outside"),
     ]
     for call, request, message in cases:
         with pytest.raises(grpc.RpcError) as err:

@@ -42,9 +42,10 @@ def _seqs(vocab: int, seed: int) -> list[trainer_pb2.Sequence]:
     ]
 
 
-def _start(services, name: str, model_dir: Path) -> tuple[Service, str]:
+def _start(services, name: str, model_dir: Path, checkpoint_root: Path) -> tuple[Service, str]:
     port = free_port()
-    overrides = [f"model.path={model_dir}", f"trainer.grpc_port={port}", *OVERRIDES]
+    overrides = [f"model.path={model_dir}", f"trainer.grpc_port={port}", f"trainer.checkpoint_root={checkpoint_root}"]
+    overrides += OVERRIDES
     cmd = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "services.trainer.main"]
     service = services.start(name, [*cmd, *overrides])
     address = f"127.0.0.1:{port}"
@@ -71,7 +72,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_resume_after_restart_is_bit_identical(services, tiny_model, tmp_path):
-    first, address = _start(services, "trainer-a", tiny_model)
+    first, address = _start(services, "trainer-a", tiny_model, tmp_path)
     with channel(address) as ch:
         stub = trainer_pb2_grpc.TrainerStub(ch)
         _train(stub, 0)
@@ -82,7 +83,7 @@ def test_resume_after_restart_is_bit_identical(services, tiny_model, tmp_path):
     assert {"model.safetensors", "config.json", "train_state"} <= {f.name for f in (tmp_path / "ckpt").iterdir()}
     assert not (tmp_path / "a" / "train_state").exists()
 
-    second, address = _start(services, "trainer-b", tiny_model)
+    second, address = _start(services, "trainer-b", tiny_model, tmp_path)
     with channel(address) as ch:
         stub = trainer_pb2_grpc.TrainerStub(ch)
         with pytest.raises(grpc.RpcError) as err:
