@@ -1,4 +1,6 @@
-"""What every launcher checks before it starts any process: the model folder and the whole task data."""
+"""What every launcher checks before it starts any process: the model folder, an external Redis (it answers, and
+lets the URL's user in) and the whole task data. Ports (free, no two services on one) and GPUs (present where
+placement.device asks for them) are checked by the placement (deploy/placement/)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ def preflight(cfg: RunConfig) -> None:
                 f"run.resume = {cfg.run.resume!r} holds no complete checkpoint (resume/step_N with run_state.json); "
                 "a run saves one every run.checkpoint_every steps, at its end and when stopped"
             )
+    if cfg.redis.url:
+        _check_redis(cfg.redis.url)
     from services.common.rewards import load_reward
 
     for name in cfg.task.reward_weights():
@@ -41,3 +45,21 @@ def preflight(cfg: RunConfig) -> None:
         check_task(cfg)
     except TaskError as e:
         raise ConfigError(str(e)) from None
+
+
+def _check_redis(url: str) -> None:
+    """An external Redis (redis.url set) answers PING within 5 s with the URL's credentials."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    shown = url.split("@")[-1]  # no password in the message
+    try:
+        client.ping()
+    except redis.AuthenticationError as e:
+        raise ConfigError(f"redis.url = ...@{shown} refuses the URL's credentials: {e}") from None
+    except redis.ResponseError as e:  # NOAUTH: the server wants a password the URL lacks
+        raise ConfigError(f"redis.url = ...{shown}: {e} (put the user and password in the URL)") from None
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        raise ConfigError(f"redis.url = ...{shown} does not answer: {e}") from None
+    finally:
+        client.close()

@@ -50,3 +50,5 @@ def check_ports(assignments: list[Assignment], backend: Backend) -> None:
                 other = taken.setdefault((scope, port), f"{a.service} ({name})")
                 if other != f"{a.service} ({name})":
                     raise PlacementError(f"port {port} on {node} is asked for by both {other} and {a.service} ({name})")
+                if backend == "local" and port and not is_free(port):  # other hosts' ports are theirs to check
+                    raise PlacementError(f"port {port} of {a.service} ({name}) is in use on this machine")

@@ -35,7 +35,7 @@ def test_local_plan(tmp_path):
     rows = _rows(out.stdout)
     assert set(rows) == {"redis", "weightsync", "trainer", "rollout-0", "coordinator"}
     assert rows["coordinator"][1] == "127.0.0.1"
-    assert "redis: redis://127.0.0.1:" in out.stdout and "status: http://127.0.0.1:" in out.stdout
+    assert "redis: redis://grpo@127.0.0.1:" in out.stdout and "status: http://127.0.0.1:" in out.stdout
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_plan_inside_an_allocation(tmp_path, allocation):
         ["gpu04", "gpu04", "1"],
     ]
     assert rows["redis"][0] == rows["coordinator"][0] == "gpu01"
-    assert "redis: redis://gpu01:" in out.stdout and "status: http://gpu01:" in out.stdout
+    assert "redis: redis://grpo@gpu01:" in out.stdout and "status: http://gpu01:" in out.stdout
 
 
 @pytest.mark.parametrize(
