@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,9 @@ def run_ours(cfg: RunConfig, work: Path) -> tuple[list[dict], Path]:
         logs = "".join(p.read_text(errors="replace")[-2000:] for p in sorted((run_dir / "logs").glob("*.log")))
         raise RuntimeError(f"our side failed ({out.returncode}):\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}\n{logs}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    # Its checkpoints (~5 GB on SmolLM2) are not read: nine runs of them filled the disk and failed a run.
+    for folder in ("resume", "checkpoints"):
+        shutil.rmtree(run_dir / folder, ignore_errors=True)
     return rows, run_dir
 
 
