@@ -55,7 +55,7 @@ TRAINER_DEFAULTS = {
     "backend": "fsdp2", "host": "127.0.0.1", "num_ranks": 1, "num_threads": 1, "grpc_port": 0, "lr": 1e-6,
     "lr_schedule": "constant", "lr_warmup_steps": 0, "lr_schedule_steps": 0, "weight_decay": 0.0,
     "max_grad_norm": 1.0, "max_tokens_per_microbatch": 16384, "minibatches": 1,
-    "dtype": "bfloat16",
+    "dtype": "bfloat16", "checkpoint_root": "",
     "loss": {
         "name": "grpo", "clip_eps": 0.2, "clip_eps_low": 0.2, "clip_eps_high": 0.28, "dr_grpo_norm_tokens": 0,
         "kl_beta": 0.0, "kl_estimator": "k3", "entropy_coef": 0.0, "importance_sampling": "off",

@@ -90,7 +90,7 @@ def test_rollout_scaled_up_and_down_mid_run(tmp_path, tiny_model):
         assert "rollout-1" in {s["name"] for s in record["services"]}
 
         # Back to one worker (over the RPC this time) while worker 1 holds its claimed prompts: it drains.
-        with CoordinatorClient(_address(run_dir)) as client:
+        with CoordinatorClient.for_run(run_dir) as client:
             assert client.scale_rollout(1).num_rollout_workers == 1
         _wait_for(lambda: b"rollout-1 draining" in out.read_bytes(), 30, "no drain", diagnostics)
         (tmp_path / "hold-1").unlink()
@@ -121,13 +121,6 @@ def _rows(path: Path) -> list[dict]:
 
 def _steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in _rows(run_dir / "metrics.jsonl") if r["step"] > 0]
-
-
-def _address(run_dir: Path) -> str:
-    import tomllib
-
-    coordinator = tomllib.loads((run_dir / "config.toml").read_text())["coordinator"]
-    return f"{coordinator['host']}:{coordinator['grpc_port']}"
 
 
 def test_the_scaler_adds_at_free_indices_drains_the_newest_and_never_restarts_a_drained_one(tmp_path):
