@@ -14,11 +14,13 @@ from services.common.config import RunConfig
 
 def stop_on_sigterm() -> None:
     """SIGTERM (`make down`, `scancel`) and SIGHUP (the terminal closed) unwind like Ctrl-C, so the launcher's
-    cleanup still runs."""
+    cleanup still runs. Ctrl-C itself is armed again: a resumed run's launcher comes here after the cleanup of the
+    attempt before, which ignored it (shield_cleanup)."""
 
     def interrupt(*_):
         raise KeyboardInterrupt
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGHUP, interrupt)
 

@@ -223,17 +223,28 @@ class WorkQueue:
         self.complete(entry_id.decode(), group)
         return True
 
+    def give_back(self, claimed: list[tuple[str, queue_pb2.PromptWork]]) -> None:
+        """Items this worker cannot generate (its engine lacks their version) back to the queue for another worker:
+        added again, then acked, so a crash between the two leaves a copy too many (its group dedups), never none."""
+        if not claimed:
+            return
+        self.enqueue([work for _, work in claimed])
+        self.r.xack(self.prompts, ROLLOUT_GROUP, *(entry_id for entry_id, _ in claimed))
+
     def complete(self, entry_id: str, group: queue_pb2.TrajectoryGroup) -> None:
         # Ack only after the trajectory is in the stream, so a crash re-leases the prompt, never loses it.
         self.r.xadd(self.trajectories, self._signed("group", group.SerializeToString()))
         self.r.xack(self.prompts, ROLLOUT_GROUP, entry_id)
 
     def heartbeat(self, worker_id: str, **fields: object) -> None:
-        self.r.hset(WORKERS_KEY, worker_id, json.dumps({"ts": time.time(), **fields}))
+        beat = {"ts": time.time(), **fields}
+        body = json.dumps(beat, sort_keys=True)
+        beat["sig"] = auth.sign("beat", worker_id.encode(), body.encode()).hex()
+        self.r.hset(WORKERS_KEY, worker_id, json.dumps(beat))
 
     def workers(self) -> dict[str, dict]:
-        """Each worker's last heartbeat; an entry that is not one (a stale or foreign writer of the hash) is
-        skipped with a warning, so the status endpoint keeps answering."""
+        """Each worker's last heartbeat; an entry that is not one (a stale or foreign writer of the hash, a beat
+        without this run's signature) is skipped with a warning, so the status endpoint keeps answering."""
         out = {}
         for key, value in self.r.hgetall(WORKERS_KEY).items():
             name = key.decode(errors="replace")
@@ -244,5 +255,17 @@ class WorkQueue:
             if not isinstance(beat, dict) or not isinstance(beat.get("ts"), int | float):
                 log.warning("workers[%r] is not a worker heartbeat: skipped", name)
                 continue
+            sig = beat.pop("sig", "")
+            body = json.dumps(beat, sort_keys=True).encode()
+            if not isinstance(sig, str) or not auth.verify(_unhex(sig), "beat", key, body):
+                log.warning("workers[%r] has no valid signature of this run: skipped", name)
+                continue
             out[name] = beat
         return out
+
+
+def _unhex(text: str) -> bytes:
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return b""

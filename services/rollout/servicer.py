@@ -26,7 +26,14 @@ class EngineState:
         self.engine, self.worker_id, self.engine_name = engine, worker_id, engine_name
         self.lock = threading.Lock()
         self.policy_version = 0
+        self.wanted_version = 0
+        """The newest version the run is known to be at (registration, claimed work): above policy_version, the
+        worker is behind (it joined, or was left out of a refit while it did not answer) and takes no work."""
         self.num_groups_done = 0
+
+    @property
+    def behind(self) -> bool:
+        return self.policy_version < self.wanted_version
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):

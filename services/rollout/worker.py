@@ -173,6 +173,50 @@ IDLE_AFTER_WORK_MS = 50
 """How long a worker that just generated waits for more work before it counts as idle (and sleeps its engine)."""
 
 
+JOIN_TIMEOUT_S = 600.0
+"""How long a worker that is behind waits for the run's current version before it gives up (and exits)."""
+HEARTBEAT_EVERY_S = 1.0
+
+
+def await_current_weights(state: EngineState, policy_version: int, stop: threading.Event) -> None:
+    """Take no work until the engine holds the run's current version: a worker that joins mid-run (a restart, an
+    added worker) starts on model.path's weights, and one left out of a refit (it did not answer: stopped, wedged)
+    holds an old version; either would hand the trainer samples of a policy long gone.
+
+    Over a transport a joiner can pull from (ucxx) weightsync fans the latest version out to it when it registers.
+    Otherwise the sender must include it: the worker's heartbeat says it is joining, and the coordinator, seeing
+    that, has the trainer publish its version again."""
+    state.wanted_version = max(state.wanted_version, policy_version)
+    if not state.behind:  # no refit yet, or nothing missed: the weights held are the current ones
+        return
+    log.info("behind at policy version %d: waiting for version %d before taking work", state.policy_version,
+                 state.wanted_version)  # fmt: skip
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while state.behind and not stop.is_set():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"policy version {state.wanted_version} did not arrive within {JOIN_TIMEOUT_S:.0f}s")
+        stop.wait(0.2)
+    log.info("joined at policy version %d", state.policy_version)
+
+
+def beat(queue: WorkQueue, state: EngineState, stop: threading.Event) -> threading.Thread:
+    """The worker's heartbeat, every HEARTBEAT_EVERY_S from a thread of its own, so that a long generation is not
+    a missed beat: the coordinator reads from it who is alive and who is joining (behind the run's version)."""
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                queue.heartbeat(state.worker_id, policy_version=state.policy_version, joining=state.behind,
+                                groups_done=state.num_groups_done)  # fmt: skip
+            except Exception as e:  # Redis restarting: the next beat reconnects
+                log.warning("heartbeat failed: %s", e)
+            stop.wait(HEARTBEAT_EVERY_S)
+
+    thread = threading.Thread(target=loop, name="heartbeat", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_worker(
     queue: WorkQueue,
     state: EngineState,
@@ -182,11 +226,8 @@ def run_worker(
     stop: threading.Event,
 ) -> None:
     queue.ensure_group()
-    last_beat, just_worked, gc_clock = 0.0, False, GcClock()
+    just_worked, gc_clock = False, GcClock()
     while not stop.is_set():
-        if time.monotonic() - last_beat > 1.0:
-            queue.heartbeat(state.worker_id, policy_version=state.policy_version, groups_done=state.num_groups_done)
-            last_beat = time.monotonic()
         # Right after a generation a short wait says whether the step's work is done: the coordinator enqueues a
         # step's prompts at once, so nothing more within it means the trainer trains now (a 500 ms wait outlasted
         # a 1.5B step's training and refit on an H200, and the engine never slept during one).
@@ -196,6 +237,15 @@ def run_worker(
             block_ms=IDLE_AFTER_WORK_MS if just_worked else 500,
             lease_timeout_s=limits.lease_timeout_s,
         )
+        newest = max((w.policy_version for _, w in claimed), default=0)
+        if newest > state.policy_version:
+            # Work of a version this engine missed (it was left out of a refit): back to the queue for the others,
+            # and no work until the version arrives.
+            queue.give_back(claimed)
+            log.warning("claimed work of policy version %d while holding %d: gave back %d items",
+                        newest, state.policy_version, len(claimed))  # fmt: skip
+            await_current_weights(state, newest, stop)
+            continue
         just_worked = bool(claimed)
         if not claimed:  # no work: the trainer is training; the engine frees what rollout.gpu.sleep_level says
             with state.lock:

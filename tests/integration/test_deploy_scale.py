@@ -84,7 +84,7 @@ def test_rollout_scaled_up_and_down_mid_run(tmp_path, tiny_model):
         assert _cli(str(run_dir), "workers", "--set", "2").startswith("rollout workers: 2 wanted")
         # It joins at version 1, takes the held prompts once their lease ran out, and is held in turn.
         _wait_for((tmp_path / "scoring-1").exists, 300, "the added worker took no work", diagnostics)
-        listed = _cli(str(run_dir), "workers")  # worker 0, held, has not beaten for a while
+        listed = _cli(str(run_dir), "workers")
         assert "rollout-1@" in listed, listed
         [(_, record)] = records.read_all(tmp_path)
         assert "rollout-1" in {s["name"] for s in record["services"]}

@@ -176,3 +176,44 @@ def _read(path: Path) -> bytes:
 def _sessions(tmp_path: Path) -> set[int]:
     [(_, record)] = records.read_all(tmp_path)
     return {s["pgid"] for s in record["services"]}
+
+
+@pytest.mark.slow
+def test_a_hung_rollout_worker_is_left_out_of_refits_and_catches_up_when_it_wakes(tmp_path, tiny_model):
+    """SIGSTOP: the worker's sockets stay open, its beats stop. The run goes on with the other worker (each refit
+    leaves the hung one out instead of waiting out the transfer's timeout), and once woken it gives back the work of
+    versions it missed, gets the current version, and generates again."""
+    num_steps = 12
+    proc, out = _launch(tmp_path, tiny_model, f"run.num_steps={num_steps}", "rollout.num_workers=2",
+                        "rollout.lease_timeout_s=2", "weightsync.timeout_s=60")  # fmt: skip
+    run_dir = tmp_path / "survive"
+
+    def steps() -> list[int]:
+        rows = _read(run_dir / "metrics.jsonl").decode().splitlines()
+        return [s for s in (json.loads(line)["step"] for line in rows) if s > 0]
+
+    diagnostics = functools.partial(_diagnostics, tmp_path, out)
+    try:
+        _wait_for(lambda: 1 in steps(), 300, "no step 1", diagnostics)
+        [worker] = [p for p in _session_processes(_sessions(tmp_path)) if "--worker-index 1" in p and "guard" not in p]
+        pid = int(worker.split(":")[0])
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = len(steps())
+        try:
+            # Two refits without it, each well within the transfer's 60 s timeout.
+            _wait_for(lambda: len(steps()) >= stopped_at + 2, 60, "the run stalled on the hung worker", diagnostics)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert proc.wait(timeout=300) == 0, diagnostics()
+    finally:
+        proc.kill()
+    assert steps() == list(range(1, num_steps + 1))
+    for line in (run_dir / "batches.jsonl").read_text().splitlines():  # each prompt of each step trained once
+        b = json.loads(line)
+        assert sorted(b["trajectory_ids"]) == sorted(f"survive/{b['step']}/{p}/{s}" for p in range(2) for s in range(2))
+    assert "endpoint rollout-1" in (log := (run_dir / "logs" / "weightsync.log").read_text()) and "is hung" in log
+    # Woken, it holds a version made while it was hung (from the next refit, or from one the coordinator published
+    # for it when its beats said it was joining) before it generates again.
+    woken = (run_dir / "logs" / "rollout-1.log").read_text()
+    caught_up = [m for m in re.finditer(r"version (\d+) applied", woken) if int(m[1]) >= stopped_at + 2]
+    assert caught_up and re.search(r"\d groups \(", woken[caught_up[0].end() :]), woken[-3000:]

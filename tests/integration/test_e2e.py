@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from services.common.config import dump_toml, load_config
 from services.coordinator.metrics import STEP_KEYS
 
@@ -146,6 +148,10 @@ def test_ctrl_c_stops_every_process(tmp_path, tiny_model):
         time.sleep(0.5)
     assert _processes_mentioning(str(tmp_path / "e2e"))
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired as e:
+        proc.kill()
+        pytest.fail(f"launcher still running 60 s after Ctrl-C:\n{(e.output or b'')[-3000:].decode(errors='replace')}")
     assert proc.returncode != 0
     assert not _processes_mentioning(str(tmp_path / "e2e"))

@@ -97,6 +97,27 @@ def test_a_forged_work_item_is_never_generated(locked_redis, secret):
     assert q.r.xpending(q.prompts, ROLLOUT_GROUP)["pending"] == 1  # the forged ones acked: never re-delivered
 
 
+def test_a_heartbeat_without_the_runs_signature_is_not_a_worker(locked_redis, secret):
+    """A forged beat would make the coordinator republish weights for a joiner that does not exist, or list it."""
+    import json
+    import time
+
+    from services.common.queue import WORKERS_KEY
+
+    port, _ = locked_redis
+    q = _queue(f"redis://{USER}@127.0.0.1:{port}/0")
+    q.heartbeat("rollout-0@h:1", policy_version=2, joining=False)
+    beat = {"ts": time.time(), "policy_version": 0, "joining": True}
+    q.r.hset(WORKERS_KEY, "rollout-9@h:2", json.dumps(beat))
+    signed_for_another = json.loads(q.r.hget(WORKERS_KEY, "rollout-0@h:1"))
+    q.r.hset(WORKERS_KEY, "rollout-8@h:3", json.dumps(signed_for_another))  # a genuine beat under another name
+    tampered = {**signed_for_another, "joining": True}
+    q.r.hset(WORKERS_KEY, "rollout-0@h:1", json.dumps(tampered))
+    assert q.workers() == {}
+    q.heartbeat("rollout-0@h:1", policy_version=2, joining=False)
+    assert list(q.workers()) == ["rollout-0@h:1"] and q.workers()["rollout-0@h:1"]["policy_version"] == 2
+
+
 def test_the_password_is_the_run_secrets_alone(secret):
     assert password(secret) == password() and len(password()) == 64
     assert password("e" * 64) != password(secret)

@@ -103,3 +103,52 @@ def test_held_out_items_keep_their_flag_and_ids_of_their_own(engine_state, rewar
     work.sampling.seed = 99  # greedy: another seed gives the same completion
     [(_, again)] = process([("2-0", work)], engine_state, vocab, rewards, WorkerLimits(64, 64, 60.0))
     assert again.trajectories[0].response_ids == group.trajectories[0].response_ids
+
+
+def test_work_of_a_version_the_engine_missed_is_given_back_until_the_version_arrives(
+    engine_state, rewards, tiny_model, redis_url
+):
+    """A worker left out of a refit (it hung, then woke) claims work of the run's newer version: it generates none
+    of it, gives it back, says in its heartbeat that it is joining, and takes it once the version arrives."""
+    import threading
+    import time
+    import uuid
+
+    from services.common.queue import WorkQueue, connect
+    from services.rollout.worker import WorkerLimits, beat, run_worker
+
+    suffix = uuid.uuid4().hex[:8]
+    queue = WorkQueue(connect(redis_url), f"prompts-{suffix}", f"trajectories-{suffix}")
+    queue.ensure_group()
+    items = [_work(i, [1, 2, 3]) for i in range(2)]
+    for item in items:
+        item.policy_version = 3
+    queue.enqueue(items)
+    state, stop = engine_state, threading.Event()
+    limits = WorkerLimits(max_num_seqs=8, max_model_len=64, lease_timeout_s=60)
+    beat(queue, state, stop)
+    worker = threading.Thread(target=run_worker, args=(queue, state, Vocab.from_model_dir(tiny_model), rewards,
+                                                       limits, stop))  # fmt: skip
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not queue.workers().get("w0", {}).get("joining"):
+            assert time.monotonic() < deadline, "no joining heartbeat"
+            time.sleep(0.1)
+        assert queue.workers()["w0"]["policy_version"] == 0
+        assert queue.read_trajectories("0", block_ms=1)[1] == []  # nothing generated with the old weights
+        assert queue.depths()["prompts_pending"] == 0  # given back: none left leased to the worker
+        state.policy_version = 3  # the refit that catches it up
+        groups, cursor = [], "0"
+        while len(groups) < 2:
+            assert time.monotonic() < deadline + 60, f"{len(groups)} groups"
+            cursor, got = queue.read_trajectories(cursor, block_ms=500)
+            groups += got
+        assert sorted(g.prompt_index for g in groups) == [0, 1] and {g.policy_version for g in groups} == {3}
+        while queue.workers()["w0"]["joining"]:  # caught up: its beats say so again
+            assert time.monotonic() < deadline + 70, "still joining"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+        state.policy_version = state.wanted_version = 0

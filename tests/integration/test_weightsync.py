@@ -158,12 +158,38 @@ def test_a_dead_receiver_is_left_out_and_the_refit_goes_to_the_survivors(service
     victim.proc.wait()
     start = time.monotonic()
     result = publish(_new_weights(tiny_model, seed=2), 2, ws, bucket_bytes=64 * 1024, timeout_s=20)
-    # Not the transfer's timeout: the dead one was probed (1 s) and left out before the group was formed.
+    # Not the transfer's timeout: the dead one was probed (2 s) and left out before the group was formed.
     assert time.monotonic() - start < 10
     assert result.num_endpoints == 1 and [e.endpoint_id for e in _status(ws).endpoints] == ["rollout-0"]
     with channel(rollouts[0]) as ch:
         info = rollout_pb2_grpc.RolloutStub(ch).Info(rollout_pb2.InfoRequest(), timeout=5)
     assert info.policy_version == 2
+
+
+def test_a_hung_receiver_is_left_out_and_rejoins_once_it_answers(services, tiny_model, redis_url, publish):
+    """SIGSTOP: the worker's connection holds but nothing answers (a wedged process, one that misses its beats)."""
+    import os
+    import signal
+    import time
+
+    ws, rollouts = _start(services, tiny_model, redis_url, "hf", num_workers=2)
+    publish(_new_weights(tiny_model, seed=1), 1, ws, bucket_bytes=64 * 1024, timeout_s=20)
+    hung = services.started[-1].proc
+    os.kill(hung.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        result = publish(_new_weights(tiny_model, seed=2), 2, ws, bucket_bytes=64 * 1024, timeout_s=20)
+        # Not the transfer's 20 s timeout: probed (2 s), left out before the group was formed, and kept.
+        assert time.monotonic() - start < 10
+        assert result.num_endpoints == 1 and _info(rollouts[0]).policy_version == 2
+        status = {e.endpoint_id: e for e in _status(ws).endpoints}
+        assert status["rollout-1"].applied_version == 1 and "did not answer" in status["rollout-1"].last_error
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+    # Answering again, it is in the next refit without registering again.
+    result = publish(_new_weights(tiny_model, seed=3), 3, ws, bucket_bytes=64 * 1024, timeout_s=20)
+    assert result.num_endpoints == 2 and [_info(a).policy_version for a in rollouts] == [3, 3]
+    assert all(not e.last_error for e in _status(ws).endpoints)
 
 
 SENDER_KILLED_AFTER_FIRST_BUCKET = """

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import socket
 from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
 
-from protos.grpo.v1 import rollout_pb2_grpc, weightsync_pb2
+from protos.grpo.v1 import rollout_pb2, rollout_pb2_grpc, weightsync_pb2
 from services.common.grpcio import channel
 
 
@@ -31,15 +32,24 @@ class EndpointRecord:
             self._channel = channel(self.address)
         return rollout_pb2_grpc.RolloutStub(self._channel)
 
-    def reachable(self, timeout_s: float) -> bool:
-        """Whether its Rollout server accepts a connection within timeout_s (at once on a live channel). Call
-        stub() first, under the registry's lock: that makes the channel."""
+    def probe(self, timeout_s: float) -> str:
+        """ "" if its worker answers Info within timeout_s; else "gone" (nothing listens at its address any more: a
+        killed worker) or "hung" (its port still accepts a connection but nothing answers: a stopped or wedged
+        process). Call stub() first, under the registry's lock: that makes the channel."""
         assert self._channel is not None
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
-            return True
-        except grpc.FutureTimeoutError:
-            return False
+            rollout_pb2_grpc.RolloutStub(self._channel).Info(rollout_pb2.InfoRequest(), timeout=timeout_s)
+            return ""
+        except grpc.RpcError:
+            pass
+        # gRPC cannot tell the two apart (a fresh channel to a stopped process never becomes ready either); the
+        # kernel can: it still accepts connections on a stopped process's listening socket.
+        host, port = self.address.rsplit(":", 1)
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+            return "hung"
+        except OSError:
+            return "gone"
 
     def close(self) -> None:
         """Drop the channel (a new address, a failed call): the next call connects afresh."""

@@ -28,7 +28,7 @@ def serve(cfg: WeightsyncSection) -> None:
         timeout=datetime.timedelta(seconds=cfg.timeout_s),
         master_listen_fd=listener.fileno(),
     )
-    server, port = make_server(cfg.host, cfg.grpc_port)
+    server, port = make_server(cfg.host, cfg.grpc_port, "grpo.v1.WeightSync")
     servicer = WeightSyncServicer(cfg, store.port)
     weightsync_pb2_grpc.add_WeightSyncServicer_to_server(servicer, server)
     logging.info("serving on %s:%d, transfer store on port %d (%s)", cfg.host, port, store.port, servicer.transport)

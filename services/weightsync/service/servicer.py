@@ -27,9 +27,11 @@ from .endpoints import EndpointRecord, RefitRecord
 
 log = logging.getLogger(__name__)
 _MAX_KEPT_REFITS = 8  # refits nobody awaited (their sender died) are forgotten after this many newer ones
-PROBE_TIMEOUT_S = 1.0
-"""How long a refit waits for a registered endpoint to accept a connection before it leaves that endpoint out
-(and forgets it: a restarted worker registers again). A live endpoint answers at once on its kept channel."""
+PROBE_TIMEOUT_S = 2.0
+"""How long a refit waits for a registered endpoint's Info answer before it leaves that endpoint out. One nobody
+listens to any more (a killed worker) is forgotten until it registers again; one whose connection holds but that
+does not answer (a stopped or wedged process, a worker that missed its beats) is kept and probed again at the next
+refit, which it rejoins once it answers. A live endpoint answers at once on its kept channel."""
 
 
 class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
@@ -92,11 +94,11 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
     def PublishVersion(self, request, context):
         num_senders = self._check_publish(request)
         refit_id, refit = uuid.uuid4().hex, RefitRecord(request)
-        self._forget_unreachable()
+        answering = self._probe()
         with self._lock:
-            targets = [self._endpoints[e] for e in sorted(self._endpoints)]
+            targets = [self._endpoints[e] for e in sorted(self._endpoints) if e in answering]
             if not targets:
-                raise PreconditionError("no rollout endpoint registered")
+                raise PreconditionError(f"no rollout endpoint answers ({len(self._endpoints)} registered)")
             group = self._group(request, num_senders, tuple(e.endpoint_id for e in targets))
             self._refits[refit_id] = refit
             for old in list(self._refits)[:-_MAX_KEPT_REFITS]:
@@ -105,24 +107,35 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
         refit.calls = self._fan_out(refit, refit_id, targets, group)
         return weightsync_pb2.PublishReply(refit_id=refit_id, group=group, num_endpoints=len(targets))
 
-    def _forget_unreachable(self) -> None:
-        """Leave out of the refit every endpoint whose server is gone (a killed worker): a collective transfer
+    def _probe(self) -> set[str]:
+        """The ids of the endpoints that answer now. The others are left out of the refit: a collective transfer
         with a member that never comes would wait its whole timeout, and then the refit would fail anyway."""
         with self._lock:
             endpoints = list(self._endpoints.values())
             for endpoint in endpoints:
                 endpoint.stub()  # its channel, kept across refits
-        alive = list(self._pool.map(lambda e: e.reachable(PROBE_TIMEOUT_S), endpoints))
+        found = list(self._pool.map(lambda e: e.probe(PROBE_TIMEOUT_S), endpoints))
+        answering = set()
         with self._lock:
-            for endpoint, ok in zip(endpoints, alive):
-                if not ok and self._endpoints.get(endpoint.endpoint_id) is endpoint:
+            for endpoint, state in zip(endpoints, found):
+                if not state:
+                    answering.add(endpoint.endpoint_id)
+                    continue
+                if self._endpoints.get(endpoint.endpoint_id) is not endpoint:
+                    continue  # registered again meanwhile
+                self._group_members = ()
+                if state == "gone":
                     log.warning(
-                        "endpoint %s at %s does not answer: left out of this refit and forgotten until it registers",
+                        "endpoint %s at %s is gone: left out of this refit and forgotten until it registers",
                         endpoint.endpoint_id, endpoint.address,
                     )  # fmt: skip
                     endpoint.close()
                     del self._endpoints[endpoint.endpoint_id]
-                    self._group_members = ()
+                else:
+                    endpoint.last_error = f"left out of a refit: Info did not answer within {PROBE_TIMEOUT_S:.0f}s"
+                    log.warning("endpoint %s at %s is hung: %s", endpoint.endpoint_id, endpoint.address,
+                                endpoint.last_error)  # fmt: skip
+        return answering
 
     def _check_publish(self, request: weightsync_pb2.PublishRequest) -> int:
         """The request's number of senders, once the request is found sound."""
