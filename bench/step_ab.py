@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +46,8 @@ def run(config: Path, overrides: list[str], work: Path, name: str) -> list[dict]
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     rows = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    for saved in ("resume", "checkpoints"):  # a SmolLM2 resume checkpoint is ~1.6 GB: runs add up
+        shutil.rmtree(work / name / saved, ignore_errors=True)
     return [r for r in rows if "timing/total_s" in r]
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from services.common import auth
-from services.common.config import RunConfig, dump_toml
+from services.common.config import ConfigError, RunConfig, dump_toml
 
 Backend = Literal["local", "slurm", "docker"]
 Device = Literal["cpu", "cuda"]
@@ -62,7 +63,13 @@ class Placement:
         """config.toml that every service reads, asked.toml that a resumed run starts from, and the run's secret
         (services/common/auth.py; a resumed run keeps its own)."""
         run_dir.mkdir(parents=True, exist_ok=True)
-        auth.ensure_secret(run_dir)
+        if self.cfg.run.locked:
+            auth.ensure_secret(run_dir)
+        elif auth.run_secret(run_dir) is not None:
+            raise ConfigError(f"run.locked = false, but {run_dir} holds a run secret: the run was started locked")
+        else:
+            print("warning: run.locked = false: anyone on this host can stop, steer or poison this run",
+                  file=sys.stderr, flush=True)  # fmt: skip
         (run_dir / "config.toml").write_text(dump_toml(services_cfg or self.cfg))
         (run_dir / "asked.toml").write_text(dump_toml(self.asked or self.cfg))
 

@@ -46,6 +46,11 @@ class RunSection(_Section):
     keep_checkpoints: int = Field(default=2, ge=1)
     """Resumable checkpoints (resume/step_N) kept; older ones are deleted once a newer one is complete. The HF
     exports of run.save_every are never deleted."""
+    locked: bool = True
+    """Every state-changing call, Redis and the streams need the run's secret (runs/<id>/run.secret; see
+    docs/architecture.md, "Who may change a run"). false: no secret is written, and anyone on the host can stop, steer
+    or poison the run; for measuring what the locks cost (bench/auth_overhead.py), or on a machine of one's own. A
+    run started locked stays locked."""
     max_restarts: int = Field(default=3, ge=0)
     """Times `make run` resumes the run from its newest checkpoint by itself after the trainer, weightsync or the
     coordinator died, and restarts a dead Redis in place (from its append-only file; rollout workers are restarted

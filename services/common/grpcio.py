@@ -22,6 +22,28 @@ OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
+SMALL_REQUEST_BYTES = 64 * 2**10
+"""A request of a call that carries no batch and no manifest (status, paths, counts, addresses): the limit of every
+call REQUEST_LIMITS does not name."""
+REQUEST_LIMITS = {
+    "/grpo.v1.Trainer/Train": MAX_MESSAGE_BYTES,  # a batch of sequences: token ids, logprobs, advantages
+    "/grpo.v1.Trainer/ComputeLogprobs": MAX_MESSAGE_BYTES,
+    "/grpo.v1.Rollout/LoadWeights": 64 * 2**20,  # a weights manifest: a few hundred bytes per tensor
+    "/grpo.v1.WeightSync/PublishVersion": 64 * 2**20,
+    "/grpo.v1.WeightSync/AwaitVersion": 2**20,  # may carry the sender's error
+}
+"""The largest request each call takes; a larger one is RESOURCE_EXHAUSTED before it is parsed, and a server whose
+calls are all small does not even receive it whole (its gRPC receive limit is its largest call's)."""
+
+
+def request_limit(method: str) -> int:
+    return REQUEST_LIMITS.get(method, SMALL_REQUEST_BYTES)
+
+
+def service_request_limit(service: str) -> int:
+    """The receive limit of a server of this service ("grpo.v1.Coordinator"): its largest call's."""
+    return max([SMALL_REQUEST_BYTES, *(n for m, n in REQUEST_LIMITS.items() if m.startswith(f"/{service}/"))])
+
 
 IDEMPOTENT = {
     "grpo.v1.Coordinator": ("GetStatus",),
@@ -86,15 +108,20 @@ class PreconditionError(RuntimeError):
 
 
 class _RejectMalformed(grpc.ServerInterceptor):
-    """Parse unary requests ourselves so undecodable bytes get INVALID_ARGUMENT, not INTERNAL."""
+    """Parse unary requests ourselves so undecodable bytes get INVALID_ARGUMENT, not INTERNAL, and one over its
+    call's size limit RESOURCE_EXHAUSTED."""
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None or handler.unary_unary is None or handler.request_deserializer is None:
             return handler
         parse, behavior = handler.request_deserializer, handler.unary_unary
+        method, limit = handler_call_details.method, request_limit(handler_call_details.method)
 
         def checked(raw: bytes, context: grpc.ServicerContext):
+            if len(raw) > limit:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{method}: request of {len(raw)} bytes, over its "
+                              f"limit of {limit} (services/common/grpcio.py REQUEST_LIMITS)")  # fmt: skip
             try:
                 request = parse(raw)
             except (DecodeError, ValueError) as e:
@@ -145,9 +172,12 @@ class _AddSecret(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterce
         return continuation(self._with_secret(client_call_details), request)
 
 
-def make_server(host: str, port: int, max_workers: int = 8, secret: str | None = None) -> tuple[grpc.Server, int]:
-    """A server with health checking (status SERVING for "") bound to host:port; returns the bound port. With a run
-    secret (this process's, auth.current(), unless given) every call outside OPEN must carry it."""
+def make_server(
+    host: str, port: int, service: str, max_workers: int = 8, secret: str | None = None
+) -> tuple[grpc.Server, int]:
+    """A server of `service` ("grpo.v1.Trainer") with health checking (status SERVING for "") bound to host:port;
+    returns the bound port. It receives no request larger than the service's largest call takes. With a run secret
+    (this process's, auth.current(), unless given) every call outside OPEN must carry it."""
     secret = secret or auth.current()
     interceptors: list[grpc.ServerInterceptor] = [_RejectMalformed()]
     if secret:
@@ -155,7 +185,12 @@ def make_server(host: str, port: int, max_workers: int = 8, secret: str | None =
     else:
         log.warning("no run secret: every call of the server on %s:%d is open", host, port)
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS, interceptors=interceptors
+        futures.ThreadPoolExecutor(max_workers=max_workers),
+        options=[
+            ("grpc.max_receive_message_length", service_request_limit(service)),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+        interceptors=interceptors,
     )
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -41,7 +41,7 @@ def serve(cfg: RunConfig) -> None:
         loop.restore()
     runner = Runner(loop)
 
-    server, port = make_server(cfg.coordinator.host, cfg.coordinator.grpc_port)
+    server, port = make_server(cfg.coordinator.host, cfg.coordinator.grpc_port, "grpo.v1.Coordinator")
     freeze_startup_heap()
     coordinator_pb2_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(runner, cfg.run.num_steps), server)
     server.start()

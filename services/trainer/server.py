@@ -71,7 +71,7 @@ def _init_distributed(num_threads: int) -> torch.device:
 
 
 def _lead(cfg: RunConfig, driver: Driver, engine: Engine, stop: threading.Event) -> None:
-    server, port = make_server(cfg.trainer.host, cfg.trainer.grpc_port)
+    server, port = make_server(cfg.trainer.host, cfg.trainer.grpc_port, "grpo.v1.Trainer")
     trainer = cfg.trainer
     servicer = TrainerServicer(
         driver, engine.vocab_size, trainer.max_tokens_per_microbatch, trainer.minibatches, _checkpoint_roots(cfg)

@@ -18,7 +18,7 @@ from protos.grpo.v1 import (
     weightsync_pb2_grpc,
 )
 from services.common import auth
-from services.common.grpcio import LOCKED, OPEN, channel, wait_healthy
+from services.common.grpcio import LOCKED, OPEN, channel, request_limit, wait_healthy
 from services.common.ports import free_port
 from services.coordinator.client import CoordinatorClient
 
@@ -82,7 +82,9 @@ def run(tmp_path_factory, tiny_model, redis_url):
     try:
         for address in addresses.values():
             wait_healthy(address, 180)
-        yield {"dir": run_dir, "secret": secret, "addresses": addresses, "coordinator": addresses["coordinator"]}
+        pids = {s.name: s.proc.pid for s in started}
+        yield {"dir": run_dir, "secret": secret, "addresses": addresses, "coordinator": addresses["coordinator"],
+               "pids": pids}  # fmt: skip
     finally:
         stop_all(started)
 
@@ -129,6 +131,35 @@ def test_every_locked_call_is_refused_without_the_secret_and_changes_nothing(run
                     assert code == grpc.StatusCode.UNAUTHENTICATED, (method, metadata, code)
                     refused.append(method)
     assert len(set(refused)) == len(LOCKED)
+    assert _state(run) == before
+
+
+def _rss_MiB(pid: int) -> float:
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024
+
+
+def test_a_request_over_its_calls_limit_is_refused_before_it_is_parsed(run):
+    """Each call takes what it needs (a batch, a manifest, a path): one byte more is RESOURCE_EXHAUSTED, with or
+    without the secret, and nothing changes; a 200 MiB status request is not even received whole."""
+    before = _state(run)
+    secret = [(auth.METADATA_KEY, run["secret"])]
+    for service, module in PROTOS.items():
+        for method in _methods(module):
+            limit = request_limit(method)
+            if limit > 2**20:
+                continue  # a batch or a manifest: its limit is the server's own, checked below for one of them
+            with grpc.insecure_channel(run["addresses"][service]) as ch:
+                with pytest.raises(grpc.RpcError) as refused:
+                    ch.unary_unary(method)(b"\x00" * (limit + 1), metadata=secret, timeout=20)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, (method, refused.value)
+    coordinator = run["pids"]["coordinator"]
+    rss = _rss_MiB(coordinator)
+    with grpc.insecure_channel(run["coordinator"]) as ch:
+        with pytest.raises(grpc.RpcError) as refused:
+            ch.unary_unary("/grpo.v1.Coordinator/GetStatus")(b"\x00" * (200 * 2**20), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert _rss_MiB(coordinator) - rss < 50, "the coordinator took the 200 MiB in"
     assert _state(run) == before
 
 

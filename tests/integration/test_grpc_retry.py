@@ -18,7 +18,7 @@ def _serve_later(port: int, delay_s: float) -> list:
 
     def start():
         time.sleep(delay_s)
-        server, _ = make_server("127.0.0.1", port)
+        server, _ = make_server("127.0.0.1", port, "grpc.health.v1.Health")
         server.start()
         started.append(server)
 
