@@ -49,7 +49,7 @@ class RunSection(_Section):
     locked: bool = True
     """Every state-changing call, Redis and the streams need the run's secret (runs/<id>/run.secret; see
     docs/architecture.md, "Who may change a run"). false: no secret is written, and anyone on the host can stop, steer
-    or poison the run; for measuring what the locks cost (bench/auth_overhead.py), or on a machine of one's own. A
+    or poison the run; for measuring what the locks cost (bench/step_ab.py), or on a machine of one's own. A
     run started locked stays locked."""
     max_restarts: int = Field(default=3, ge=0)
     """Times `make run` resumes the run from its newest checkpoint by itself after the trainer, weightsync or the

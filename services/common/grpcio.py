@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 # Batches of token ids exceed gRPC's 4 MiB default; weights never travel here.
 MAX_MESSAGE_BYTES = 256 * 2**20
-OPTIONS = [
+OPTIONS = [  # a channel's; a server receives its service's limit (make_server) and keeps the rest
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
@@ -186,10 +186,7 @@ def make_server(
         log.warning("no run secret: every call of the server on %s:%d is open", host, port)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers),
-        options=[
-            ("grpc.max_receive_message_length", service_request_limit(service)),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ],
+        options=[("grpc.max_receive_message_length", service_request_limit(service)), *OPTIONS[1:]],
         interceptors=interceptors,
     )
     health_servicer = health.HealthServicer()

@@ -189,8 +189,8 @@ def await_current_weights(state: EngineState, policy_version: int, stop: threadi
     state.wanted_version = max(state.wanted_version, policy_version)
     if not state.behind:  # no refit yet, or nothing missed: the weights held are the current ones
         return
-    log.info("behind at policy version %d: waiting for version %d before taking work", state.policy_version,
-                 state.wanted_version)  # fmt: skip
+    log.info("behind at policy version %d: waiting for version %d before taking work",
+             state.policy_version, state.wanted_version)  # fmt: skip
     deadline = time.monotonic() + JOIN_TIMEOUT_S
     while state.behind and not stop.is_set():
         if time.monotonic() > deadline:
