@@ -182,10 +182,12 @@ def _sessions(tmp_path: Path) -> set[int]:
 def test_a_hung_rollout_worker_is_left_out_of_refits_and_catches_up_when_it_wakes(tmp_path, tiny_model):
     """SIGSTOP: the worker's sockets stay open, its beats stop. The run goes on with the other worker (each refit
     leaves the hung one out instead of waiting out the transfer's timeout), and once woken it gives back the work of
-    versions it missed, gets the current version, and generates again."""
+    versions it missed, gets the current version, and generates again. Steps here take milliseconds, so the stop
+    often lands inside a transfer the worker already joined: that refit waits out weightsync.timeout_s (10 s here)
+    and its retry leaves the worker out."""
     num_steps = 12
     proc, out = _launch(tmp_path, tiny_model, f"run.num_steps={num_steps}", "rollout.num_workers=2",
-                        "rollout.lease_timeout_s=2", "weightsync.timeout_s=60")  # fmt: skip
+                        "rollout.lease_timeout_s=2", "weightsync.timeout_s=10")  # fmt: skip
     run_dir = tmp_path / "survive"
 
     def steps() -> list[int]:
@@ -200,7 +202,7 @@ def test_a_hung_rollout_worker_is_left_out_of_refits_and_catches_up_when_it_wake
         os.kill(pid, signal.SIGSTOP)
         stopped_at = len(steps())
         try:
-            # Two refits without it, each well within the transfer's 60 s timeout.
+            # Two refits without it: at most one transfer timeout (10 s) and a retry, well within 60 s.
             _wait_for(lambda: len(steps()) >= stopped_at + 2, 60, "the run stalled on the hung worker", diagnostics)
         finally:
             os.kill(pid, signal.SIGCONT)

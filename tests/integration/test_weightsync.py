@@ -192,6 +192,45 @@ def test_a_hung_receiver_is_left_out_and_rejoins_once_it_answers(services, tiny_
     assert all(not e.last_error for e in _status(ws).endpoints)
 
 
+def test_a_receiver_hung_inside_a_transfer_fails_that_refit_in_its_deadline_and_the_next_leaves_it_out(
+    services, tiny_model, redis_url, publish, monkeypatch
+):
+    """The probe cannot see a hang that comes after it: the refit the worker joined waits out its deadline (a gloo
+    collective cannot be cut short), and the next one, probing again, goes on without it."""
+    import os
+    import signal
+    import time
+
+    from services.weightsync.transports import collective
+
+    ws, rollouts = _start(services, tiny_model, redis_url, "hf", num_workers=2)
+    # One deadline throughout, as in a run: a transfer group keeps the deadline it was formed with.
+    publish(_new_weights(tiny_model, seed=1), 1, ws, bucket_bytes=4096, timeout_s=8)
+    hung = services.started[-1].proc
+    bcast = collective.CollectiveTransport._bcast
+
+    def bcast_then_stop_a_receiver(self, pg, t, root=0):
+        work = bcast(self, pg, t, root)
+        work.wait()
+        os.kill(hung.pid, signal.SIGSTOP)  # after the first bucket reached it
+        return work
+
+    monkeypatch.setattr(collective.CollectiveTransport, "_bcast", bcast_then_stop_a_receiver)
+    try:
+        start = time.monotonic()
+        with pytest.raises(Exception) as failed:
+            publish(_new_weights(tiny_model, seed=2), 2, ws, bucket_bytes=4096, timeout_s=8)
+        assert time.monotonic() - start < 8 + 10, failed.value  # its deadline, not a hang
+        monkeypatch.undo()
+        assert _info(rollouts[0]).policy_version == 1  # nothing half-loaded went into service
+        result = publish(_new_weights(tiny_model, seed=3), 3, ws, bucket_bytes=4096, timeout_s=8)
+        assert result.num_endpoints == 1 and _info(rollouts[0]).policy_version == 3
+    finally:
+        os.kill(hung.pid, signal.SIGCONT)
+    result = publish(_new_weights(tiny_model, seed=4), 4, ws, bucket_bytes=4096, timeout_s=8)
+    assert result.num_endpoints == 2 and [_info(a).policy_version for a in rollouts] == [4, 4]
+
+
 SENDER_KILLED_AFTER_FIRST_BUCKET = """
 import os, signal, sys
 import torch
