@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -85,8 +86,16 @@ def run_services(placement: Placement, run_dir: Path) -> int:
         return 130
     finally:
         shield_cleanup()
-        stop_all(services)
+        stop_all(services, save_s=last_save_s(run_dir))
         records.remove(path)
+
+
+def last_save_s(run_dir: Path) -> float:
+    """Seconds the run's newest resumable checkpoint took (checkpoints.jsonl), 0 before the first: what a stopped
+    run needs to save the step it completed."""
+    path = run_dir / "checkpoints.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return next((float(r["seconds"]) for r in reversed(rows) if r.get("resumable") and "seconds" in r), 0.0)
 
 
 def _start_redis(placement: Placement, run_dir: Path):

@@ -120,20 +120,26 @@ def check_alive(services: list[Service]) -> None:
 
 STOP_GRACE_S = 8.0
 """From SIGTERM to SIGKILL of every group when the launcher stops: a service stuck in its shutdown (a refit whose
-peer is gone, a dead Redis) must not keep the launcher's promise, every service gone within 10 s, from holding."""
+peer is gone, a dead Redis) must not keep the launcher's promise, every service gone within 10 s (or, when the run's
+checkpoints take longer, 1.5 x the last one's time and 4 s: stop_all's save_s), from holding."""
 
 
 FIRST_TO_STOP = "coordinator"
 """Stopped before the others: a stopped run checkpoints its last complete step, which needs the trainer."""
 
 
-def stop_all(services: list[Service], grace_s: float = STOP_GRACE_S) -> None:
+def stop_all(services: list[Service], grace_s: float = STOP_GRACE_S, save_s: float = 0.0) -> None:
     """SIGTERM the coordinator and wait for it (most of grace_s), then every other process group (newest first);
-    SIGKILL what is left after grace_s in all."""
-    deadline = time.monotonic() + grace_s
+    SIGKILL what is left after grace_s in all.
+
+    save_s: how long the run's last checkpoint took. A stopped coordinator saves the step it completed, so when that
+    takes longer than grace_s allows (a real model's optimizer state) the coordinator gets 1.5 x save_s + 2 s, and
+    only its own process is signalled: its guard's short grace (deploy/guard.py) starts only with the group's."""
+    first_s = max(grace_s - 2.0, 1.5 * save_s + 2.0)
+    deadline = time.monotonic() + first_s + 2.0
     first = [s for s in services if s.name == FIRST_TO_STOP and s.proc.poll() is None]
     for s in first:
-        _signal_group(s.proc, signal.SIGTERM)
+        drain(s)
         try:
             s.proc.wait(timeout=max(0.1, deadline - 2.0 - time.monotonic()))
         except subprocess.TimeoutExpired:
