@@ -107,6 +107,11 @@ class PreconditionError(RuntimeError):
     """The call is well-formed but the service is not in a state to serve it."""
 
 
+class NotTrusted(RuntimeError):
+    """A peer this call needed refused this process's run secret (it serves another run, or is locked where this
+    run is not): no retry can change that, so the caller stops instead of trying again."""
+
+
 class _RejectMalformed(grpc.ServerInterceptor):
     """Parse unary requests ourselves so undecodable bytes get INVALID_ARGUMENT, not INTERNAL, and one over its
     call's size limit RESOURCE_EXHAUSTED."""
@@ -221,6 +226,7 @@ _STATUS_OF = [
     (ValueError, grpc.StatusCode.INVALID_ARGUMENT),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (NotTrusted, grpc.StatusCode.PERMISSION_DENIED),
 ]
 
 

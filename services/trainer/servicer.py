@@ -10,7 +10,7 @@ import grpc
 from google.protobuf.message import Message
 
 from protos.grpo.v1 import trainer_pb2, trainer_pb2_grpc
-from services.common.grpcio import PreconditionError, servicer_edge
+from services.common.grpcio import NotTrusted, PreconditionError, servicer_edge
 from services.weightsync.transfer.outcome import RefitError
 
 from .checkpoint import TRAIN_STATE, confine, staging_dir
@@ -76,6 +76,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         try:
             return self.driver.call(Op.PUBLISH, request)
         except (RefitError, grpc.RpcError) as e:
+            if isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise NotTrusted(
+                    "weightsync refused this trainer's run secret: it belongs to "
+                    f"another run, or one of the two has run.locked=false ({_describe(e)})"
+                ) from e
             # The trainer itself is fine and keeps serving; the caller decides whether to retry the refit.
             raise PreconditionError(f"weights of this version were not published: {_describe(e)}") from e
 

@@ -238,3 +238,47 @@ def test_a_running_run_listens_on_its_host_alone_and_obeys_its_owner_alone(tmp_p
         if launcher.poll() is None:
             launcher.send_signal(2)
             launcher.communicate(timeout=60)
+
+
+def test_a_refit_to_a_weightsync_of_another_run_is_refused_at_once_not_retried(tmp_path, tiny_model):
+    """Two runs on one host, one's trainer pointed at the other's weightsync: PERMISSION_DENIED naming the secret,
+    in seconds, where FAILED_PRECONDITION had the coordinator try again for RETRY_FOR_S (5 minutes)."""
+    import time
+
+    from deploy.procs import spawn, stop_all
+    from services.common.config import dump_toml, load_config
+
+    ours, theirs = "a" * 64, "b" * 64
+    ports = {name: free_port() for name in ("trainer", "weightsync", "store")}
+    cfg = load_config(
+        None,
+        [
+            f'model.path="{tiny_model}"',
+            f'run.output_dir="{tmp_path}"',
+            f"trainer.grpc_port={ports['trainer']}",
+            "trainer.num_ranks=1",
+            f"weightsync.grpc_port={ports['weightsync']}",
+            f"weightsync.store_port={ports['store']}",
+        ],
+    )
+    path = tmp_path / "config.toml"
+    path.write_text(dump_toml(cfg))
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    started = [
+        spawn("weightsync", ["-m", "services.weightsync.main", "--config", str(path)], tmp_path / "logs",
+              {auth.ENV: theirs}),
+        spawn("trainer", [*torchrun, "-m", "services.trainer.main", "--config", str(path)], tmp_path / "logs",
+              {auth.ENV: ours}),
+    ]  # fmt: skip
+    try:
+        for name in ("weightsync", "trainer"):
+            wait_healthy(f"127.0.0.1:{ports[name]}", 180)
+        start = time.monotonic()
+        with grpc.insecure_channel(f"127.0.0.1:{ports['trainer']}") as ch:
+            with pytest.raises(grpc.RpcError) as refused:
+                ch.unary_unary("/grpo.v1.Trainer/PublishWeights")(b"", metadata=[(auth.METADATA_KEY, ours)], timeout=60)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value.details()
+        assert "refused this trainer's run secret" in refused.value.details()
+        assert time.monotonic() - start < 30
+    finally:
+        stop_all(started)
