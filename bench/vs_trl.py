@@ -415,13 +415,44 @@ def compare_seeds(args: argparse.Namespace) -> int:
 
 
 def combine(files: list[Path], out: str) -> int:
-    """Task results of separate `--seeds` invocations (each its own --out) into one `--tasks` result file."""
-    return write_tasks(
-        {Path(f).stem.removeprefix("vs_trl_unseen_"): json.loads(Path(f).read_text()) for f in files}, out
-    )
+    """Task results of separate `--seeds` invocations (each its own --out, the task named by the file:
+    vs_trl_unseen_<task>.json) and `--tasks` result files into one `--tasks` result file. Seeds of one task from
+    several files are merged (a seed run again replaces the earlier one), and its summary and bar recomputed."""
+    merged: dict[str, dict] = {}
+    notes: dict = {}
+    for f in files:
+        saved = json.loads(Path(f).read_text())
+        notes.update({k: v for k, v in saved.items() if "tasks" in saved and k not in RESULT_KEYS})
+        for name, r in saved["tasks"].items() if "tasks" in saved else [(f.stem.removeprefix("vs_trl_unseen_"), saved)]:
+            r = {"command": saved.get("command"), **r}  # a task of a --tasks file: that file's command made it
+            merged[name] = _merge_seeds(merged[name], r) if name in merged else r
+    return write_tasks(merged, out, notes)
 
 
-def write_tasks(results: dict[str, dict], out: str) -> int:
+def _merge_seeds(a: dict, b: dict) -> dict:
+    if (a["task"], a["task_config"], a["steps_per_seed"]) != (b["task"], b["task_config"], b["steps_per_seed"]):
+        raise SystemExit(f"--combine: {a['task']} results of different tasks, settings or step counts")
+    curves = {**a["curves"], **b["curves"]}
+    seeds = sorted(map(int, curves))
+    # As seed_runs: the training seconds at the last evaluation over its step.
+    seconds = {side: [round(curves[str(s)][side][-1]["train_s"] / curves[str(s)][side][-1]["step"], 2) for s in seeds]
+               for side in ("trl", "ours")}  # fmt: skip
+    commands = [c for r in (a, b) for c in r.get("commands") or [r.get("command")] if c]
+    return {
+        **{k: v for k, v in a.items() if k not in ("incomplete", "command")},
+        "seeds": seeds,
+        **seeds_summary({s: curves[str(s)] for s in seeds}),
+        "seconds_per_step": seconds,
+        "curves": {str(s): curves[str(s)] for s in seeds},
+        "commands": list(dict.fromkeys(commands)),
+    }
+
+
+RESULT_KEYS = ("tasks", "bar_holds_on_every_task", "command", "machine")
+"""What write_tasks writes itself; a result file's other keys (the conditions of its runs) are notes, kept."""
+
+
+def write_tasks(results: dict[str, dict], out: str, notes: dict | None = None) -> int:
     from seed_bar import task_bar
 
     tasks = {name: {**r, **task_bar(r["curves"])} for name, r in results.items()}
@@ -429,6 +460,7 @@ def write_tasks(results: dict[str, dict], out: str) -> int:
         "tasks": tasks,
         "bar_holds_on_every_task": all(all(t["bar"].values()) for t in tasks.values()),
         **provenance(),
+        **(notes or {}),
     }
     path = Path(out or REPO / "bench" / "results" / "vs_trl_unseen.json")
     path.write_text(json.dumps(saved, indent=2) + "\n")
