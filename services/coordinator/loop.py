@@ -136,7 +136,7 @@ class GrpoLoop:
 
     def save(self, step: int) -> int:
         """The policy as an HF folder (weights, config, tokenizer, chat template) under checkpoints/step_N."""
-        path = self.run_dir / "checkpoints" / f"step_{step}"
+        path = self.record.export_dir(step)
         reply = self.trainer.Save(
             trainer_pb2.SaveRequest(path=str(path.resolve()), weights_only=True),
             timeout=self.cfg.coordinator.rpc_timeout_s,

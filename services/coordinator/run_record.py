@@ -21,6 +21,8 @@ APPENDED = ("metrics.jsonl", "samples.jsonl", "batches.jsonl", "refits.jsonl")
 sizes first, so rows written after the checkpoint (by the run that died) appear once, when the step is redone."""
 
 RESUME_DIR = "resume"
+EXPORT_DIR = "checkpoints"
+"""The HF exports of run.save_every: checkpoints/step_N."""
 RUN_STATE = "run_state.json"
 """Written last into a checkpoint folder: a checkpoint without it is incomplete and never resumed from."""
 
@@ -136,12 +138,22 @@ class RunRecord:
         with (self.run_dir / name).open("a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def export_dir(self, step: int) -> Path:
+        return self.run_dir / EXPORT_DIR / f"step_{step}"
+
     def forget_checkpoints_after(self, step: int) -> None:
-        """checkpoints.jsonl without the entries of steps a resumed run is about to redo."""
+        """What the steps a resumed run is about to redo left behind: their checkpoints.jsonl entries, their HF
+        exports and any resumable checkpoint of theirs (incomplete, or the resume would have started there). The
+        redone steps write them again; left in place, a redone step's save found its folder taken and failed."""
         path = self.run_dir / "checkpoints.jsonl"
         if path.exists():
             rows = [line for line in path.read_text().splitlines() if line.strip()]
             path.write_text("".join(line + "\n" for line in rows if json.loads(line)["step"] <= step))
+        for root in (self.run_dir / EXPORT_DIR, self.run_dir / RESUME_DIR):
+            for folder in root.glob("step_*") if root.is_dir() else ():
+                if _step_of(folder) > step:
+                    log.info("%s: of a step the resumed run redoes (after step %d), removed", folder, step)
+                    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _step_of(folder: Path) -> int:

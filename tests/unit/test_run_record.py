@@ -79,3 +79,21 @@ def test_the_wanted_rollout_workers_travel_and_an_older_run_state_without_them_s
     del state["num_rollout_workers"]  # written before ScaleRollout existed
     (folder / RUN_STATE).write_text(json.dumps(state))
     assert record.latest()[1].num_rollout_workers == 0
+
+
+def test_a_resume_removes_what_the_steps_it_redoes_left_behind(tmp_path):
+    """A run killed after step 4's HF export but before its resumable checkpoint resumes at step 2: the redone step
+    4 must find its folders free (the trainer never overwrites one), and step 2's stay."""
+    import json
+
+    from services.coordinator.run_record import RunRecord
+
+    record = RunRecord(tmp_path)
+    for folder in (record.export_dir(2), record.export_dir(4), record.checkpoint_dir(2), record.checkpoint_dir(4)):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"x")
+    (tmp_path / "checkpoints.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (2, 4)))
+    record.forget_checkpoints_after(2)
+    assert record.export_dir(2).is_dir() and record.checkpoint_dir(2).is_dir()
+    assert not record.export_dir(4).exists() and not record.checkpoint_dir(4).exists()
+    assert [json.loads(line)["step"] for line in (tmp_path / "checkpoints.jsonl").read_text().splitlines()] == [2]
