@@ -59,12 +59,12 @@ def run_to_end(
 
     scale_rollout: called with the rollout workers the coordinator wants at each poll (deploy/scale.py)."""
     from protos.grpo.v1 import coordinator_pb2
-    from services.common import auth
+    from services.common import auth, tls
     from services.coordinator.client import CoordinatorClient
 
     print(f"status: {status_url}", flush=True)
     run_dir = f"{cfg.run.output_dir}/{cfg.run.run_id}"
-    with CoordinatorClient(coordinator, secret=auth.run_secret(run_dir)) as client:
+    with CoordinatorClient(coordinator, secret=auth.run_secret(run_dir), creds=tls.load(run_dir)) as client:
         done = client.status().step  # a resumed run (run.resume) starts at its checkpoint's step
         if done:
             print(f"resuming run {cfg.run.run_id} at step {done} of {cfg.run.num_steps}", flush=True)

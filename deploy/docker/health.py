@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 
-def addresses(service: str, config_path: str) -> list[str]:
-    from services.common.config import load_config
-
-    cfg = load_config(config_path)
+def addresses(service: str, cfg) -> list[str]:
     if service == "rollout":
         return [f"{cfg.rollout.host}:{cfg.rollout.grpc_port + i}" for i in range(cfg.rollout.num_workers)]
     section = getattr(cfg, service)
@@ -19,10 +17,14 @@ def addresses(service: str, config_path: str) -> list[str]:
 
 
 def main() -> int:
+    from services.common import tls
+    from services.common.config import load_config
     from services.common.grpcio import wait_healthy
 
+    cfg = load_config(os.environ["GRPO_CONFIG"])
+    tls.load_for_run(Path(cfg.run.output_dir) / cfg.run.run_id)  # a run.tls run's services answer over TLS only
     try:
-        for address in addresses(sys.argv[1], os.environ["GRPO_CONFIG"]):
+        for address in addresses(sys.argv[1], cfg):
             wait_healthy(address, timeout_s=3.0)
     except TimeoutError as e:
         print(e, file=sys.stderr)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from services.common import auth
+from services.common import auth, tls
 from services.common.config import ConfigError, RunConfig, dump_toml
 
 Backend = Literal["local", "slurm", "docker"]
@@ -63,6 +63,12 @@ class Placement:
         """config.toml that every service reads, asked.toml that a resumed run starts from, and the run's secret
         (services/common/auth.py; a resumed run keeps its own)."""
         run_dir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.run.tls and not self.cfg.run.locked:
+            raise ConfigError("run.tls = true needs run.locked = true: TLS would hide calls that anyone may make")
+        if self.cfg.run.tls:
+            tls.load_for_run(tls.ensure(run_dir).parent)  # the launcher's own calls go over it too
+        elif tls.load(run_dir) is not None:
+            raise ConfigError(f"run.tls = false, but {run_dir} holds TLS files: the run was started with run.tls")
         if self.cfg.run.locked:
             auth.ensure_secret(run_dir)
         elif auth.run_secret(run_dir) is not None:

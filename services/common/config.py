@@ -51,6 +51,11 @@ class RunSection(_Section):
     docs/architecture.md, "Who may change a run"). false: no secret is written, and anyone on the host can stop, steer
     or poison the run; for measuring what the locks cost (bench/step_ab.py), or on a machine of one's own. A
     run started locked stays locked."""
+    tls: bool = False
+    """gRPC over mutual TLS: the launcher makes a CA and a certificate for the run in runs/<id>/tls/ and every service
+    serves and calls with them (services/common/tls.py), so a neighbour on the network can neither read a call nor
+    open a connection. For runs across machines; on one, every listener is on 127.0.0.1. Needs run.locked. Redis,
+    the status endpoint and the weights' data path (gloo, ucxx) stay plaintext: see docs/architecture.md."""
     max_restarts: int = Field(default=3, ge=0)
     """Times `make run` resumes the run from its newest checkpoint by itself after the trainer, weightsync or the
     coordinator died, and restarts a dead Redis in place (from its append-only file; rollout workers are restarted
@@ -706,7 +711,8 @@ def config_from_cli(
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.lr=1e-4")
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
-    from . import auth
+    from . import auth, tls
 
     auth.load_for_run(Path(cfg.run.output_dir) / cfg.run.run_id)
+    tls.load_for_run(Path(cfg.run.output_dir) / cfg.run.run_id)
     return cfg, args

@@ -12,7 +12,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from . import auth
+from . import auth, tls
 
 log = logging.getLogger(__name__)
 
@@ -197,15 +197,27 @@ def make_server(
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    creds = tls.current()
+    if creds:  # mutual: a caller without the run's certificate does not get past the handshake
+        server_creds = grpc.ssl_server_credentials([(creds.key, creds.cert)], creds.ca, require_client_auth=True)
+        bound = server.add_secure_port(f"{host}:{port}", server_creds)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise ValueError(f"cannot bind gRPC server to {host}:{port}")
     return server, bound
 
 
-def channel(address: str, secret: str | None = None) -> grpc.Channel:
-    """A channel to address whose every call carries the run secret (this process's, unless given)."""
-    ch = grpc.insecure_channel(address, options=[*OPTIONS, ("grpc.service_config", SERVICE_CONFIG)])
+def channel(address: str, secret: str | None = None, creds: tls.Credentials | None = None) -> grpc.Channel:
+    """A channel to address whose every call carries the run secret (this process's, unless given), over TLS
+    where the run has credentials (this process's, unless given: services/common/tls.py)."""
+    options = [*OPTIONS, ("grpc.service_config", SERVICE_CONFIG)]
+    creds = creds or tls.current()
+    if creds:
+        options.append(("grpc.ssl_target_name_override", tls.SERVER_NAME))
+        ch = grpc.secure_channel(address, grpc.ssl_channel_credentials(creds.ca, creds.key, creds.cert), options)
+    else:
+        ch = grpc.insecure_channel(address, options=options)
     secret = secret or auth.current()
     return grpc.intercept_channel(ch, _AddSecret(secret)) if secret else ch
 

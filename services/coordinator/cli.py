@@ -19,6 +19,8 @@ def main() -> None:
     parser.add_argument("--last", type=int, default=8, help="with samples: how many of the latest to print")
     parser.add_argument("--set", type=int, help="with workers: the number of rollout workers the launcher keeps")
     parser.add_argument("--secret-file", type=Path, help="the run's run.secret, where ADDRESS is host:port")
+    parser.add_argument("--run-dir", type=Path, help="the run folder whose tls/ to use, where ADDRESS is host:port "
+                        "of a run.tls run (its run.secret too, unless --secret-file)")  # fmt: skip
     args = parser.parse_args()
     if args.set is not None and args.set < 0:
         parser.error(f"--set must be a count of workers, got {args.set}")
@@ -28,7 +30,7 @@ def main() -> None:
     import grpc
 
     try:
-        with _client(args.address, args.secret_file) as client:
+        with _client(args.address, args.secret_file, args.run_dir) as client:
             if args.command == "workers":
                 if args.set is not None:
                     client.scale_rollout(args.set)
@@ -45,9 +47,9 @@ def main() -> None:
     print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
 
 
-def _client(address: str, secret_file: Path | None):
+def _client(address: str, secret_file: Path | None, run_dir: Path | None):
     """The client of the run folder at address, or of the coordinator at host:port."""
-    from services.common import auth
+    from services.common import auth, tls
 
     from .client import CoordinatorClient
 
@@ -55,7 +57,9 @@ def _client(address: str, secret_file: Path | None):
         return CoordinatorClient.for_run(address)
     try:
         secret = auth.read_secret(secret_file) if secret_file else None
-    except auth.SecretError as e:
+        if run_dir is not None:
+            return CoordinatorClient(address, secret=secret or auth.run_secret(run_dir), creds=tls.load(run_dir))
+    except (auth.SecretError, tls.TLSError) as e:
         raise SystemExit(f"error: {e}") from None
     return CoordinatorClient(address, secret=secret or auth.env_secret())
 

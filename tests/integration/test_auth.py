@@ -184,9 +184,12 @@ def test_the_runs_own_secret_opens_the_locked_calls(run, tmp_path):
     assert out.returncode != 0 and "chmod 600" in out.stderr
 
 
-def test_a_running_run_listens_on_its_host_alone_and_obeys_its_owner_alone(tmp_path, tiny_model):
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "run.tls"])
+def test_a_running_run_listens_on_its_host_alone_and_obeys_its_owner_alone(tmp_path, tiny_model, tls):
     """`make run`'s processes (vLLM, the trainer ranks, their stores, Redis) listen on 127.0.0.1 only; a stranger's
-    StopRun is refused and the owner's, through the run folder, stops the run."""
+    StopRun is refused and the owner's, through the run folder, stops the run. With run.tls every service speaks
+    mutual TLS: a stranger holding even the secret, but not the run's certificate, gets no further than the
+    handshake."""
     import os
     import time
     from pathlib import Path
@@ -197,7 +200,12 @@ def test_a_running_run_listens_on_its_host_alone_and_obeys_its_owner_alone(tmp_p
     launcher = subprocess.Popen(
         [sys.executable, "-m", "deploy.local", "--config", str(repo / "deploy/configs/local.toml")]
         + [f'run.output_dir="{tmp_path}"', 'run.run_id="listen"', f'model.path="{tiny_model}"', "run.num_steps=1000"]
-        + ["trainer.num_ranks=2", "rollout.cpu_compile=false", "coordinator.num_prompts=2"],
+        + [
+            "trainer.num_ranks=2",
+            "rollout.cpu_compile=false",
+            "coordinator.num_prompts=2",
+            f"run.tls={str(tls).lower()}",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -227,7 +235,13 @@ def test_a_running_run_listens_on_its_host_alone_and_obeys_its_owner_alone(tmp_p
             text=True,
             env={k: v for k, v in os.environ.items() if k != auth.ENV},
         )
-        assert stranger.returncode != 0 and "UNAUTHENTICATED" in stranger.stderr
+        assert stranger.returncode != 0 and ("UNAVAILABLE" if tls else "UNAUTHENTICATED") in stranger.stderr
+        if tls:
+            cli = [sys.executable, "-m", "services.coordinator.cli", f"127.0.0.1:{co['grpc_port']}", "stop"]
+            secret = ["--secret-file", str(run_dir / auth.FILE_NAME)]
+            stranger = subprocess.run([*cli, *secret], capture_output=True, text=True,
+                                      env={k: v for k, v in os.environ.items() if k != auth.ENV})  # fmt: skip
+            assert stranger.returncode != 0 and "UNAVAILABLE" in stranger.stderr
         assert launcher.poll() is None
         owner = subprocess.run(
             [sys.executable, "-m", "services.coordinator.cli", str(run_dir), "stop"], capture_output=True, text=True
