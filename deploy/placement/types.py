@@ -66,7 +66,8 @@ class Placement:
         if self.cfg.run.tls and not self.cfg.run.locked:
             raise ConfigError("run.tls = true needs run.locked = true: TLS would hide calls that anyone may make")
         if self.cfg.run.tls:
-            tls.load_for_run(tls.ensure(run_dir).parent)  # the launcher's own calls go over it too
+            tls.ensure(run_dir)
+            tls.load_for_run(run_dir)  # the launcher's own calls go over it too
         elif tls.load(run_dir) is not None:
             raise ConfigError(f"run.tls = false, but {run_dir} holds TLS files: the run was started with run.tls")
         if self.cfg.run.locked:
