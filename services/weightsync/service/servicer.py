@@ -10,6 +10,7 @@ here already (the receivers check it again, and the commit's signature, themselv
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import uuid
 from concurrent import futures
@@ -45,6 +46,7 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
         self._latest: str = ""  # refit id of the newest committed version that a joiner can pull
         self._version = 0
         self._epoch = 0
+        self._prefix = ""  # the current group's keys in the store: refit/<epoch>/<128 random bits>
         self._group_members: tuple = ()  # (sender_id, num_senders, endpoint ids) of the current group
         self._pool = futures.ThreadPoolExecutor(max_workers=32)
 
@@ -161,10 +163,14 @@ class WeightSyncServicer(weightsync_pb2_grpc.WeightSyncServicer):
         # rendezvous: receivers would otherwise wait in the old group for a sender that left it.
         if (request.source.sender_id, num_senders, members) != self._group_members:
             self._epoch, self._group_members = self._epoch + 1, (request.source.sender_id, num_senders, members)
+            # The store has no authentication (torch's TCPStore): anyone who reaches its port could write a group's
+            # rendezvous keys (a rank's address: the weights to a stranger, or a stranger's to the workers) if they
+            # could name them. The prefix travels only on the run's authenticated gRPC calls, so it is unguessable.
+            self._prefix = f"refit/{self._epoch}/{secrets.token_hex(16)}"
         return weights_pb2.TransferGroup(
             store_host=self.cfg.host,
             store_port=self.store_port,
-            prefix=f"refit/{self._epoch}",
+            prefix=self._prefix,
             world_size=len(members) + num_senders,
             rank=0,
             backend=self.transport,
