@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 from services.common.config import RunConfig
+from services.common.redis_server import redis_settings, write_private
 
 from .. import records
 from ..placement import Cluster, Placement, format_placement, place
+from ..placement.assign import DOCKER_REDIS_PORT
 from ..placement.gpus import colocated
 from ..supervise import run_to_end, shield_cleanup, stop_on_sigterm, wait_ready
 
@@ -43,12 +45,22 @@ def container_config(placement: Placement) -> RunConfig:
     return cfg
 
 
+def write_redis_conf(cfg: RunConfig, run_dir: Path) -> Path:
+    """The Redis container's settings in run_dir/redis.conf (0600: the password is in it): `make run`'s locked Redis
+    (services/common/redis_server.py) on the project's network, its files in the container's /data volume."""
+    lines = redis_settings(DOCKER_REDIS_PORT, "0.0.0.0", "/data")  # the container's interfaces, never published
+    if not cfg.run.locked:
+        lines.append("protected-mode no")  # no password then, and the clients are other containers
+    return write_private(run_dir / "redis.conf", lines)
+
+
 def compose_env(placement: Placement) -> dict[str, str]:
     """Everything compose.yaml reads, from the placement (host paths are absolute: compose runs from anywhere)."""
     cfg = placement.cfg
     env = {
         "GRPO_PROJECT": project_name(cfg.run.run_id),
         "GRPO_CONFIG": f"{RUNS}/{cfg.run.run_id}/config.toml",
+        "GRPO_REDIS_CONF": f"{RUNS}/{cfg.run.run_id}/redis.conf",
         "GRPO_RUNS_DIR": str(Path(cfg.run.output_dir).resolve()),
         "GRPO_MODEL_DIR": str(Path(cfg.model.path).resolve()),
         "GRPO_DEVICE": placement.device,
@@ -112,6 +124,8 @@ def up(cfg: RunConfig, dry_run: bool) -> int:
     Path(placement.cfg.model.path).mkdir(parents=True, exist_ok=True)  # the trainer writes a created model there
     override.write_text(gpu_override(placement))
     placement.write_configs(run_dir, container_config(placement))
+    if placement.start_redis:
+        write_redis_conf(placement.cfg, run_dir)
     run_id = placement.cfg.run.run_id
     record = records.write(placement.cfg.run.output_dir, "docker", run_id, compose=compose, env=env)
     return run(placement, compose, {**os.environ, **env}, record)

