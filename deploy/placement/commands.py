@@ -20,17 +20,14 @@ def service_args(placement: Placement, a: Assignment, config_path: str) -> list[
         # One config file for all workers; each binds and advertises its own node.
         return ["-m", "services.rollout.main", "--worker-index", index, *conf, f"rollout.host={a.host}"]
     assert a.service == "trainer", a.service
-    ranks = f"--nproc-per-node={placement.cfg.trainer.num_ranks // len(a.nodes)}"
-    if len(a.nodes) == 1:  # torchrun --standalone, with the ranks' store on the trainer's address alone
-        return ["-m", "deploy.ranks", ranks, f"--host={a.host}", "--", "-m", "services.trainer.main", *conf]
-    return ["-m", "torch.distributed.run", *_torchrun(placement, a, ranks), "-m", "services.trainer.main", *conf]
-
-
-def _torchrun(placement: Placement, a: Assignment, ranks: str) -> list[str]:
-    """torchrun over the trainer's nodes (its rendezvous store listens on every interface of node 0)."""
-    rdzv = [f"--master-addr={a.nodes[0]}", f"--master-port={placement.cfg.placement.trainer_rdzv_port}"]
-    # {node_rank}: filled in by each task of the step (deploy/slurm/task.py).
-    return [f"--nnodes={len(a.nodes)}", ranks, "--node-rank={node_rank}", *rdzv]
+    # torchrun's environment for the ranks, with their store on the trainer's address alone (deploy/ranks.py).
+    ranks = ["-m", "deploy.ranks", f"--nproc-per-node={placement.cfg.trainer.num_ranks // len(a.nodes)}"]
+    if len(a.nodes) == 1:
+        return [*ranks, f"--host={a.host}", "--", "-m", "services.trainer.main", *conf]
+    # {node_rank}: filled in by each task of the step (deploy/slurm/task.py); node 0 hosts the store.
+    nodes = [f"--nnodes={len(a.nodes)}", "--node-rank={node_rank}"]
+    master = [f"--host={a.nodes[0]}", f"--port={placement.cfg.placement.trainer_rdzv_port}"]
+    return [*ranks, *nodes, *master, "--", "-m", "services.trainer.main", *conf]
 
 
 def service_env(a: Assignment, inherited: Mapping[str, str]) -> dict[str, str]:

@@ -152,9 +152,9 @@ def test_srun_of_a_multi_node_trainer_is_one_step_with_a_task_per_node(tmp_path)
     assert cmd[:2] == ["srun", "--overlap"] and "--nodes=2" in cmd and "--nodelist=n0,n1" in cmd
     assert "--job-name=grpo-t-trainer" in cmd and "--gpus=0,1" in cmd
     tail = cmd[cmd.index("--") + 1 :]
-    assert tail[:2] == ["-m", "torch.distributed.run"]
-    assert {"--nnodes=2", "--nproc-per-node=2", "--node-rank={node_rank}", "--master-addr=n0"} <= set(tail)
-    assert "--master-port=21007" in tail and tail[-2:] == ["--config", str(tmp_path / "config.toml")]
+    assert tail[:2] == ["-m", "deploy.ranks"]
+    assert {"--nnodes=2", "--nproc-per-node=2", "--node-rank={node_rank}", "--host=n0", "--port=21007"} <= set(tail)
+    assert tail[-2:] == ["--config", str(tmp_path / "config.toml")]
 
 
 def test_srun_of_a_worker_binds_its_own_node(tmp_path):
