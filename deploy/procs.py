@@ -102,9 +102,13 @@ def _children(pid: int) -> list[int]:
 class ServiceDied(RuntimeError):
     """A service of the run exited; `service` names it, the message holds its log's tail."""
 
-    def __init__(self, s: Service, prefix: str = ""):
-        super().__init__(prefix + exit_message(s))
-        self.service = s.name
+    def __init__(self, service: str, message: str):
+        super().__init__(message)
+        self.service = service
+
+    @classmethod
+    def of(cls, s: Service, prefix: str = "") -> ServiceDied:
+        return cls(s.name, prefix + exit_message(s))
 
 
 def exit_message(s: Service) -> str:
@@ -115,7 +119,7 @@ def exit_message(s: Service) -> str:
 def check_alive(services: list[Service]) -> None:
     for s in services:
         if s.proc.poll() is not None:
-            raise ServiceDied(s)
+            raise ServiceDied.of(s)
 
 
 STOP_GRACE_S = 8.0

@@ -63,9 +63,9 @@ class Restarts:
                 continue
             n = self.num_restarts.get(s.name, 0)
             if not restartable(s.name):
-                raise ServiceDied(s)
+                raise ServiceDied.of(s)
             if n >= self.max_restarts(s.name):
-                raise ServiceDied(s, f"{s.name} died after {n} restarts: ")
+                raise ServiceDied.of(s, f"{s.name} died after {n} restarts: ")
             if s.name not in self.due_at:
                 self.due_at[s.name] = time.monotonic() + backoff_s(n)
                 print(

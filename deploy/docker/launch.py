@@ -16,6 +16,8 @@ from .. import records
 from ..placement import Cluster, Placement, format_placement, place
 from ..placement.assign import DOCKER_REDIS_PORT
 from ..placement.gpus import colocated
+from ..procs import ServiceDied
+from ..resuming import run_resuming
 from ..supervise import run_to_end, shield_cleanup, stop_on_sigterm, wait_ready
 
 COMPOSE_FILE = Path(__file__).with_name("compose.yaml")
@@ -40,6 +42,8 @@ def container_config(placement: Placement) -> RunConfig:
     """The placement's config with the paths the containers see."""
     cfg = placement.cfg.model_copy(deep=True)
     cfg.run.output_dir, cfg.model.path = RUNS, MODEL
+    if cfg.run.resume:  # the run's own folder (run.resume keeps run_id), as the containers see it
+        cfg.run.resume = f"{RUNS}/{cfg.run.run_id}"
     if cfg.task.prompts_path:
         cfg.task.prompts_path = PROMPTS
     return cfg
@@ -128,15 +132,23 @@ def up(cfg: RunConfig, dry_run: bool) -> int:
         write_redis_conf(placement.cfg, run_dir)
     run_id = placement.cfg.run.run_id
     record = records.write(placement.cfg.run.output_dir, "docker", run_id, compose=compose, env=env)
-    return run(placement, compose, {**os.environ, **env}, record)
+    try:
+        # A dead trainer, weightsync, coordinator or Redis (or the rollout container past its restarts): the project
+        # is taken down and started again on the run's newest checkpoint, up to run.max_restarts (deploy/resuming.py).
+        return run_resuming(
+            placement, run_dir, lambda p: run(p, compose, {**os.environ, **env}), "make up", container_config
+        )
+    finally:
+        records.remove(record)
 
 
-def run(placement: Placement, compose: list[str], env: dict[str, str], record: Path) -> int:
+def run(placement: Placement, compose: list[str], env: dict[str, str]) -> int:
+    """One start of the compose project, to the run's end or a container's exit (ServiceDied), then down."""
     stop_on_sigterm()
     try:
         # --wait: until every healthcheck passes (the model is loaded everywhere).
         subprocess.run([*compose, "up", "--detach", "--build", "--wait"], env=env, check=True)
-        alive = _watch(compose, env)
+        alive = watch(compose, env)
         coordinator = f"127.0.0.1:{placement.cfg.coordinator.grpc_port}"
         wait_ready([coordinator], alive)
         return run_to_end(placement.cfg, coordinator, placement.status_url, alive)
@@ -145,21 +157,29 @@ def run(placement: Placement, compose: list[str], env: dict[str, str], record: P
         return 130
     finally:
         shield_cleanup()
+        # Named volumes stay: a resumed run's Redis starts from its append-only file, as `make run`'s does.
         subprocess.run([*compose, "down", "--remove-orphans"], env=env)
-        records.remove(record)
 
 
-def _watch(compose: list[str], env: dict[str, str], every_s: float = 10.0):
-    """A check that raises once a container of the project has exited (asks Docker every few seconds)."""
+def watch(compose: list[str], env: dict[str, str], every_s: float = 10.0):
+    """A check that raises ServiceDied once a container of the project has exited (asks Docker every few seconds);
+    the rollout container counts once compose's restart policy has given up on it."""
     last = [0.0]
 
     def check() -> None:
         if time.monotonic() - last[0] < every_s:
             return
         last[0] = time.monotonic()
-        out = subprocess.run([*compose, "ps", "--all", "--status=exited", "--services"], env=env, capture_output=True)
-        if out.stdout.strip():
-            exited = out.stdout.decode().split()
-            raise RuntimeError(f"container(s) exited: {', '.join(exited)}; see `docker compose logs`")
+        out = subprocess.run(
+            [*compose, "ps", "--all", "--status=exited", "--services"], env=env, capture_output=True, text=True
+        )
+        exited = out.stdout.split()
+        if exited:
+            logs = subprocess.run(
+                [*compose, "logs", "--no-color", "--tail=15", exited[0]], env=env, capture_output=True, text=True
+            )
+            tail = (logs.stdout + logs.stderr).strip()
+            message = f"container(s) exited: {', '.join(exited)}; last lines of {exited[0]}:\n{tail}"
+            raise ServiceDied(exited[0], message)
 
     return check
