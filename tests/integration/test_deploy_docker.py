@@ -105,7 +105,13 @@ def test_the_docker_redis_is_locked_as_make_runs(tmp_path, locked):
     without the password derived from the run secret, and the services' URL logs in with it."""
     auth.set_secret(secrets.token_hex(32) if locked else None)
     try:
-        cfg = load_config(None, ["run.run_id=dock", f"run.output_dir={tmp_path}", f"run.locked={str(locked).lower()}"])
+        overrides = [
+            "run.run_id=dock",
+            f"run.output_dir={tmp_path}",
+            "model.create=true",
+            f"run.locked={str(locked).lower()}",
+        ]
+        cfg = load_config(None, overrides)
         placement = place(cfg, Cluster("docker", ("localhost",), 0))
         conf = write_redis_conf(placement.cfg, tmp_path / "dock")
         assert conf.stat().st_mode & 0o077 == 0  # the password is in no world-readable file
