@@ -1,6 +1,6 @@
 """Collect the collapse study's runs (bench/README.md, "The collapse on an unseen task") into one result file: each
 run's held-out curve and, per training step, the signals of what one step did (pre-clip gradient norm, mean reward,
-lengths, EOS share, the sampled tokens' negative logprob).
+lengths, EOS share, the sampled tokens' negative logprob) and the collapse alerts it raised.
 
     .venv/bin/python bench/collapse_curves.py --out bench/results/collapse_letter_counting.json \\
         NAME=RUN_DIR[:what differs] ...
@@ -36,7 +36,9 @@ def read_run(run_dir: Path) -> dict:
         {"step": int(r["step"]), **{k: round(r[m], 4) for k, m in STEP_KEYS.items()}} for r in rows if "grad_norm" in r
     ]
     empty = [s["step"] for s in steps if s["grad_norm"] == 0.0]
-    return {"curve": curve, "empty_steps": empty, "steps": steps}
+    # The collapse alerts (services/coordinator/alerts.py) as the run raised them: which, at which step.
+    alerts = [{"step": int(r["step"]), "alert": k} for r in rows for k, v in r.items() if k.startswith("alert/") and v]
+    return {"curve": curve, "empty_steps": empty, "steps": steps, "alerts": alerts}
 
 
 def main() -> int:
