@@ -99,7 +99,7 @@ def last_save_s(run_dir: Path) -> float:
 
 
 def _start_redis(placement: Placement, run_dir: Path):
-    from services.common import auth
+    from services.common import auth, tls
     from services.common.redis_server import redis_command, wait_answering
 
     from .procs import start
@@ -108,8 +108,10 @@ def _start_redis(placement: Placement, run_dir: Path):
     data_dir.mkdir(parents=True, exist_ok=True)
     port = placement.cfg.redis.port
     secret = auth.run_secret(run_dir)
-    redis = start("redis", redis_command(port, data_dir, secret=secret), data_dir / "redis.log", guard=True)
-    wait_answering(redis.proc, port, redis.log, secret=secret)
+    tls_dir = (run_dir / tls.DIR_NAME).resolve() if placement.cfg.run.tls else None
+    cmd = redis_command(port, data_dir, secret=secret, tls_dir=tls_dir)
+    redis = start("redis", cmd, data_dir / "redis.log", guard=True)
+    wait_answering(redis.proc, port, redis.log, secret=secret, tls_dir=tls_dir)
     return redis
 
 

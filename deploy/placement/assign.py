@@ -6,11 +6,11 @@ from pathlib import Path
 
 from services.common.config import RunConfig
 from services.common.ports import free_port
-from services.common.redis_server import USER
+from services.common.redis_server import USER, redis_binary
 
 from .gpus import Gpus, assign_gpus
 from .nodes import ranks_per_node, split_nodes
-from .ports import check_ports, fill_blanks
+from .ports import check_ports, fill_blanks, redis_scheme
 from .types import Assignment, Cluster, Device, Placement, PlacementError
 
 # Inside the compose network every service is reached by its service name; Redis keeps its usual port.
@@ -27,6 +27,11 @@ def place(cfg: RunConfig, cluster: Cluster) -> Placement:
     per_node = ranks_per_node(cfg, trainer_nodes)
     _check_model(cfg)
     start_redis = not cfg.redis.url
+    if start_redis and cfg.run.tls and cluster.backend != "docker":  # compose's Redis: on the project's network only
+        try:
+            redis_binary(need_tls=True)
+        except ValueError as e:
+            raise PlacementError(str(e)) from None
     asked, cfg = cfg, fill_blanks(cfg)
     asked = asked.model_copy(update={"run": asked.run.model_copy(update={"run_id": cfg.run.run_id})})
     if len(trainer_nodes) > 1 and not cfg.placement.trainer_rdzv_port:
@@ -71,7 +76,7 @@ def _set_hosts(cfg: RunConfig, cluster: Cluster, trainer: list[str], rollout: li
         cfg.coordinator.host, cfg.weightsync.host = head, head
         cfg.trainer.host, cfg.weightsync.ucxx_host, cfg.rollout.host = trainer[0], trainer[0], rollout[0]
         if start_redis:
-            cfg.redis.url = f"redis://{USER}@{head}:{cfg.redis.port}/0"
+            cfg.redis.url = f"{redis_scheme(cfg)}://{USER}@{head}:{cfg.redis.port}/0"
     elif cluster.backend == "docker":
         for section, host in DOCKER_HOSTS.items():
             getattr(cfg, section).host = host

@@ -28,8 +28,13 @@ def fill_blanks(cfg: RunConfig) -> RunConfig:
     if not cfg.redis.url:
         if cfg.redis.port == 0:
             cfg.redis.port = free_port()
-        cfg.redis.url = f"redis://{USER}@127.0.0.1:{cfg.redis.port}/0"
+        cfg.redis.url = f"{redis_scheme(cfg)}://{USER}@127.0.0.1:{cfg.redis.port}/0"
     return cfg
+
+
+def redis_scheme(cfg: RunConfig) -> str:
+    """The run's own Redis speaks TLS alone under run.tls (services/common/redis_server.py), as its URL says."""
+    return "rediss" if cfg.run.tls else "redis"
 
 
 def _free_range(n: int) -> int:

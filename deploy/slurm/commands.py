@@ -27,14 +27,16 @@ def srun(placement: Placement, a: Assignment, config_path: Path, python: str = s
     if a.gpus is not None:
         cmd.append(f"--gpus={gpu_list(a.gpus)}")
     if a.service == "redis":
-        return [*cmd, "--redis", "--", *_redis_args(a, config_path.parent / "redis")]
+        return [*cmd, "--redis", "--", *_redis_args(a, config_path.parent / "redis", placement.cfg.run.tls)]
     return [*cmd, "--", *service_args(placement, a, str(config_path))]
 
 
-def _redis_args(a: Assignment, data_dir: Path) -> list[str]:
-    """As services.common.redis_server starts it locally (its settings file, locked with the run's secret), bound
-    to the head node's address."""
-    from services.common import auth
+def _redis_args(a: Assignment, data_dir: Path, on_tls: bool) -> list[str]:
+    """As services.common.redis_server starts it locally (its settings file, locked with the run's secret, on TLS
+    under run.tls), bound to the head node's address."""
+    from services.common import auth, tls
     from services.common.redis_server import write_conf
 
-    return [str(write_conf(a.ports["redis"], a.host, data_dir, auth.run_secret(data_dir.parent)).resolve())]
+    run_dir = data_dir.parent.resolve()
+    tls_dir = run_dir / tls.DIR_NAME if on_tls else None
+    return [str(write_conf(a.ports["redis"], a.host, data_dir, auth.run_secret(run_dir), tls_dir).resolve())]

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.common import auth
+from services.common import auth, tls
 from services.common.config import RunConfig
 
 from .. import records
@@ -49,7 +49,8 @@ def run(placement: Placement, run_dir: Path) -> int:
         for a in placement.assignments:
             services.append(_start(a, srun(placement, a, run_dir / "config.toml"), run_dir / "logs"))
             if a.service == "redis":
-                _wait_redis(cfg.redis.url, services, auth.run_secret(run_dir))
+                tls_dir = run_dir / tls.DIR_NAME if cfg.run.tls else None
+                _wait_redis(cfg.redis.url, services, auth.run_secret(run_dir), tls_dir)
         # A dead rollout worker or Redis is started again as a new job step, as `make run` does (deploy/restarts.py).
         limits = {"redis": cfg.run.max_restarts}
         alive = Restarts(services, lambda: None, lambda name: limits.get(name, cfg.rollout.max_restarts)).check_alive
@@ -74,12 +75,15 @@ def _start(a: Assignment, cmd: list[str], log_dir: Path) -> Service:
     return Service(a.service, proc, log, cmd, env)
 
 
-def _wait_redis(url: str, services: list[Service], secret: str | None, timeout_s: float = 120.0) -> None:
+def _wait_redis(
+    url: str, services: list[Service], secret: str | None, tls_dir: Path | None, timeout_s: float = 120.0
+) -> None:
     import redis
 
-    from services.common.redis_server import password
+    from services.common.redis_server import password, ssl_options
 
-    client, deadline = redis.Redis.from_url(url, password=password(secret)), time.monotonic() + timeout_s
+    ssl = ssl_options(tls_dir) if tls_dir else {}
+    client, deadline = redis.Redis.from_url(url, password=password(secret), **ssl), time.monotonic() + timeout_s
     while True:
         check_alive(services)
         try:

@@ -36,15 +36,25 @@ def connect(url: str) -> redis.Redis:
     # XADD whose first try did land makes a duplicate entry; trajectory ids are deterministic and readers dedup.
     from urllib.parse import urlsplit
 
-    from .redis_server import USER, password
+    from . import tls
+    from .redis_server import USER, password, ssl_options
 
     parts = urlsplit(url)
     key = password() if parts.username == USER and not parts.password else None
     if parts.username == USER and not parts.password and key is None:  # a process outside any run: no login
         url = url.replace(f"{USER}@", "", 1)
+    # A run.tls run's own Redis (rediss:// as user grpo) wants the run's certificate; another rediss:// server is
+    # checked against the system's CAs, as redis-py does by default.
+    creds = tls.current()
+    ssl = (
+        ssl_options(creds.folder)
+        if parts.scheme == "rediss" and parts.username == USER and creds and creds.folder
+        else {}
+    )
     return redis.Redis.from_url(
         url,
         **({"password": key} if key else {}),
+        **ssl,
         socket_timeout=30,
         socket_connect_timeout=10,
         retry=Retry(ExponentialBackoff(cap=5.0, base=0.1), RECONNECT_TRIES),

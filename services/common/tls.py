@@ -7,6 +7,8 @@ of the run serves with that certificate and asks the same of its callers (mutual
 run's key cannot even finish a handshake; every client checks the server against the run's CA under one name
 (SERVER_NAME, whatever address it dialled: a node's hostname, 127.0.0.1, a container's service name).
 
+The run's own Redis serves TLS with the same certificate and asks it of its clients (services/common/redis_server.py).
+
 A service finds the files from its config like the secret (`load_for_run`, called by `config_from_cli`); a run
 without them speaks plaintext, as on one machine, where every listener is on 127.0.0.1. Certificates come from
 `cryptography` (its X.509 builder), not hand-rolled ASN.1.
@@ -31,6 +33,8 @@ class Credentials:
     ca: bytes
     cert: bytes
     key: bytes
+    folder: Path | None = None
+    """Where the three files are (load's; None for credentials made in memory): Redis' clients read files only."""
 
 
 _current: Credentials | None = None
@@ -130,7 +134,7 @@ def load(run_dir: str | Path) -> Credentials | None:
     mode = (folder / KEY).stat().st_mode & 0o777
     if mode & 0o077:
         raise TLSError(f"the run's TLS key {folder / KEY} is readable by others (mode {mode:o}): chmod 600 it")
-    creds = Credentials(*((folder / n).read_bytes() for n in (CA, CERT, KEY)))
+    creds = Credentials(*((folder / n).read_bytes() for n in (CA, CERT, KEY)), folder=folder.resolve())
     try:
         x509.load_pem_x509_certificate(creds.cert).verify_directly_issued_by(x509.load_pem_x509_certificate(creds.ca))
     except (ValueError, TypeError) as e:

