@@ -128,3 +128,18 @@ def test_a_worker_killed_on_its_node_is_restarted_there_and_make_down_stops_ever
     assert not _job_listed(cluster, job_id)
     _wait_for(lambda: not _ours(run_dir), 10, "processes left on the nodes after make down",
               lambda: f": {_ours(run_dir)}")  # fmt: skip
+
+
+def test_make_up_inside_salloc_drives_the_nodes_from_the_login_node(cluster, tmp_path):
+    """`salloc -N3 make up`: the launcher runs on the login node and starts each service as a job step on its node."""
+    out_dir, run_dir = tmp_path / "runs", tmp_path / "runs" / "alloc"
+    args = [f"run.output_dir={out_dir}", "run.run_id=alloc", f"model.path={tmp_path / 'tiny'}", "model.create=true"]
+    args += ["rollout.engine=hf", "coordinator.num_prompts=4", "coordinator.num_samples=4", "run.num_steps=2"]
+    args += ["trainer.num_ranks=2", "placement.trainer_nodes=[1,2]"]
+    done = cluster.run("ctl", "salloc", "-N3", "make", "-s", "-C", str(REPO), "up", f"ARGS={' '.join(args)}",
+                       timeout_s=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + _diagnostics(run_dir)
+    assert "backend: slurm" in done.stdout and "ended: RUN_STATE_DONE after 2 steps" in done.stdout
+    assert re.search(r"trainer\s+node2,node3\s+node2\s", done.stdout)
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert not _ours(run_dir)
