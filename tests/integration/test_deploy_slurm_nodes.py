@@ -130,12 +130,16 @@ def test_a_worker_killed_on_its_node_is_restarted_there_and_make_down_stops_ever
               lambda: f": {_ours(run_dir)}")  # fmt: skip
 
 
-def test_make_up_inside_salloc_drives_the_nodes_from_the_login_node(cluster, tmp_path):
-    """`salloc -N3 make up`: the launcher runs on the login node and starts each service as a job step on its node."""
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "run.tls"])
+def test_make_up_inside_salloc_drives_the_nodes_from_the_login_node(cluster, tmp_path, tls):
+    """`salloc -N3 make up`: the launcher runs on the login node and starts each service as a job step on its node.
+    With run.tls every gRPC call across the nodes, and Redis on node1's address, speak mutual TLS."""
+    if tls and not shutil.which("redis-server"):
+        pytest.skip("run.tls needs a redis-server built with TLS on PATH (apt install redis-server)")
     out_dir, run_dir = tmp_path / "runs", tmp_path / "runs" / "alloc"
     args = [f"run.output_dir={out_dir}", "run.run_id=alloc", f"model.path={tmp_path / 'tiny'}", "model.create=true"]
     args += ["rollout.engine=hf", "coordinator.num_prompts=4", "coordinator.num_samples=4", "run.num_steps=2"]
-    args += ["trainer.num_ranks=2", "placement.trainer_nodes=[1,2]"]
+    args += ["trainer.num_ranks=2", "placement.trainer_nodes=[1,2]", f"run.tls={str(tls).lower()}"]
     done = cluster.run("ctl", "salloc", "-N3", "make", "-s", "-C", str(REPO), "up", f"ARGS={' '.join(args)}",
                        timeout_s=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + _diagnostics(run_dir)
@@ -143,3 +147,5 @@ def test_make_up_inside_salloc_drives_the_nodes_from_the_login_node(cluster, tmp
     assert re.search(r"trainer\s+node2,node3\s+node2\s", done.stdout)
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert not _ours(run_dir)
+    redis_conf = (run_dir / "redis" / "redis.conf").read_text()
+    assert ("tls-auth-clients yes" in redis_conf) == tls and "bind node1" in redis_conf
