@@ -203,6 +203,12 @@ class CoordinatorSection(_Section):
     """A step fails if its batch is not complete within this time."""
     rpc_timeout_s: float = Field(default=600.0, gt=0)
     """Deadline of each Train / PublishWeights call."""
+    max_staleness: int = Field(default=0, ge=0)
+    """Asynchronous GRPO (AReaL's max_head_offpolicyness): 0 = synchronous steps. With eta >= 1 prompt work stays
+    queued ahead, so the workers generate while the trainer trains, and a batch takes complete groups sampled by a
+    version at most eta behind the one it trains; older groups are dropped and counted. The loss is then the
+    decoupled objective: the clip around the trainer's own (proximal) policy, the sampling policy entering
+    through trainer.loss.importance_sampling's truncated weight ("token" unless set)."""
     alerts: AlertsSection = AlertsSection()
     """Thresholds of the collapse warnings."""
 
@@ -580,6 +586,15 @@ class RunConfig(_Section):
                 "coordinator.top_p < 1 is refused: the trainer scores tokens under the full softmax(logits / "
                 "temperature), not the truncated nucleus, so the ratio would be off-policy; lower the temperature"
             )
+        if self.coordinator.max_staleness:
+            loss = self.trainer.loss
+            if "importance_sampling" not in loss.model_fields_set:
+                loss.importance_sampling = "token"
+            elif loss.importance_sampling == "off":
+                raise ValueError(
+                    "coordinator.max_staleness >= 1 trains on groups sampled by older policies: "
+                    "trainer.loss.importance_sampling = 'off' would leave that unweighted; use 'token' or 'sequence'"
+                )
         if self.coordinator.overlong_buffer_tokens > self.coordinator.max_tokens:
             raise ValueError("coordinator.overlong_buffer_tokens must be <= coordinator.max_tokens")
         if not self.trainer.lr_schedule_steps:

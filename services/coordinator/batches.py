@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protos.grpo.v1 import queue_pb2
 from services.common.config import RunConfig
@@ -36,6 +36,11 @@ class Batch:
     num_dropped: int
     """Prompts of the step left out: rejected, undeliverable, or only ever sampled by another version."""
     generation_s: float
+    """Seconds the step waited for its groups (asynchronous: only what was not generated while the last trained)."""
+    staleness: list[int] = field(default_factory=list)
+    """Per group: versions between its sampling policy and the one it trains (asynchronous GRPO); empty = all 0."""
+    num_stale: int = 0
+    """Groups dropped as more than coordinator.max_staleness versions behind (counted in num_dropped too)."""
 
 
 class SyncBatches:
@@ -45,11 +50,13 @@ class SyncBatches:
         self.cfg, self.queue, self.feed, self.state, self.refits = cfg, queue, feed, state, refits
         self.policy_version = state.policy_version
         """The version every engine holds after the last refit: the only one whose groups are used."""
+        self.resumed: list[Prompt] = []
+        """A checkpoint's pending prompts (handed out, not trained on), taken before the feed's next ones."""
 
     def take(self, step: int) -> Batch:
         start = time.perf_counter()
         cursor = self.queue.trajectories_tail()
-        prompts = self.feed.take(self.cfg.coordinator.num_prompts)
+        prompts = self.next_prompts(self.cfg.coordinator.num_prompts)
         items = self.prompt_work(step, prompts)
         self.queue.enqueue(items)
         collected = self.collect(step, cursor, items)
@@ -60,6 +67,14 @@ class SyncBatches:
             [prompts[i] for i in kept], [collected[i] for i in kept], len(prompts) - len(kept),
             time.perf_counter() - start,
         )  # fmt: skip
+
+    def next_prompts(self, k: int) -> list[Prompt]:
+        prompts, self.resumed = self.resumed[:k], self.resumed[k:]
+        return prompts + self.feed.take(k - len(prompts))
+
+    def pending(self) -> list[Prompt]:
+        """Prompts taken from the feed and not yet trained on or dropped: what a checkpoint must hand out again."""
+        return list(self.resumed)
 
     def held_out(self, step: int, prompts: list[Prompt], k: int) -> list[queue_pb2.TrajectoryGroup | None]:
         """Greedy groups of the held-out prompts, then (k > 0) k samples each at the run's temperature."""

@@ -3,14 +3,17 @@ evaluate, save, record."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 from protos.grpo.v1 import queue_pb2, trainer_pb2, trainer_pb2_grpc
 from services.common.config import RunConfig
 from services.common.queue import WorkQueue
+from services.common.tasks import Prompt
 
 from .advantages import dr_grpo_advantages, group_advantages, groups_with_signal, overlong_penalty
+from .async_batches import AsyncBatches
 from .batches import Batch, StepFailed, SyncBatches
 from .checkpointing import Checkpoints
 from .evaluation import eval_metrics
@@ -47,7 +50,11 @@ class GrpoLoop:
         self.record = RunRecord(run_dir)
         self.checkpoints = Checkpoints(cfg, trainer, self.record)
         self.refits = Refits(trainer, queue, cfg.coordinator.rpc_timeout_s)
-        self.batches = SyncBatches(cfg, queue, feed, state, self.refits)
+        source = AsyncBatches if cfg.coordinator.max_staleness else SyncBatches
+        self.batches = source(cfg, queue, feed, state, self.refits)
+        self.pending: list[Prompt] = []
+        """Prompts taken from the feed but not trained at the end of the last completed step (asynchronous GRPO's
+        pipeline): a checkpoint hands them out again."""
 
     def restore(self) -> None:
         """Continue the run of this folder from its newest complete checkpoint (run.resume)."""
@@ -55,6 +62,7 @@ class GrpoLoop:
         self.feed.skip_to(saved.data_cursor)
         self.train_s, self.trained_step, self.data_cursor = saved.train_s, saved.step, saved.data_cursor
         self.batches.policy_version = saved.policy_version
+        self.pending = self.batches.resumed = [Prompt(**p) for p in saved.pending_prompts]
         self.metrics.start = time.time() - saved.wall_s
         # Work of the steps being redone may still sit in the prompt stream: a worker would generate it for nobody.
         self.queue.drop_run_work(self.state.run_id)
@@ -79,6 +87,7 @@ class GrpoLoop:
             last_eval=last_eval,
             offsets=self.record.offsets(),
             num_rollout_workers=self.state.num_rollout_workers,
+            pending_prompts=[dataclasses.asdict(p) for p in self.pending],
         )
         self.checkpoints.save(state)
 
@@ -100,7 +109,7 @@ class GrpoLoop:
         if self.save_due(step):
             m["checkpoint/policy_version"] = self.save(step)
         self.metrics.append(m)
-        self.data_cursor = self.feed.cursor
+        self.data_cursor, self.pending = self.feed.cursor, self.batches.pending()
         if self.checkpoints.due(step, self.state.num_steps):
             self.checkpoint(step)
         return m
@@ -212,4 +221,6 @@ class GrpoLoop:
                 "timing/total_s": time.perf_counter() - start,
             }
         )
+        if self.cfg.coordinator.max_staleness:
+            m.update(self.batches.async_metrics(batch))
         return m

@@ -29,6 +29,15 @@ STEP_KEYS = (
     "throughput/tokens_per_s_per_gpu",
 )
 
+ASYNC_KEYS = (
+    "async/staleness_mean",
+    "async/staleness_max",
+    "async/dropped_stale",
+    "async/trainer_idle_s",
+    "async/rollout_idle_s",
+)
+"""Asynchronous GRPO's (coordinator.max_staleness >= 1), in each step's row besides STEP_KEYS."""
+
 EVAL_KEYS = ("eval/accuracy", "eval/pass@k", "eval/mean_length")
 """Held-out metrics, in the rows of step 0, every run.eval_every steps and the last step."""
 

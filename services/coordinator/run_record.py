@@ -44,6 +44,9 @@ class CoordinatorState:
     """Size in bytes of each APPENDED file when the checkpoint was taken."""
     num_rollout_workers: int = 0
     """Rollout workers wanted (ScaleRollout's count) when the checkpoint was taken; 0 = rollout.num_workers."""
+    pending_prompts: list[dict] = field(default_factory=list)
+    """Prompts handed out before data_cursor and not yet trained on (asynchronous GRPO's pipeline), as
+    tasks.Prompt fields: a resumed run enqueues them first."""
 
 
 class RunRecord:

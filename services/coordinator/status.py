@@ -13,7 +13,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from services.common.queue import WorkQueue
 
 from .alerts import ALERT_KEYS
-from .metrics import EVAL_KEYS, STEP_KEYS
+from .metrics import ASYNC_KEYS, EVAL_KEYS, STEP_KEYS
 from .state import RunState
 
 
@@ -24,7 +24,7 @@ def prometheus_name(key: str) -> str:
 def make_app(state: RunState, queue: WorkQueue) -> FastAPI:
     app = FastAPI(title="GRPO coordinator")
     registry = CollectorRegistry()
-    gauges = {k: Gauge(prometheus_name(k), f"last step's {k}", registry=registry) for k in STEP_KEYS}
+    gauges = {k: Gauge(prometheus_name(k), f"last step's {k}", registry=registry) for k in STEP_KEYS + ASYNC_KEYS}
     gauges |= {k: Gauge(prometheus_name(k), f"latest evaluation's {k}", registry=registry) for k in EVAL_KEYS}
     gauges |= {
         k: Gauge(prometheus_name(k), f"1 while {k} fires (collapse warning)", registry=registry) for k in ALERT_KEYS

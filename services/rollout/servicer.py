@@ -30,6 +30,8 @@ class EngineState:
         """The newest version the run is known to be at (registration, claimed work): above policy_version, the
         worker is behind (it joined, or was left out of a refit while it did not answer) and takes no work."""
         self.num_groups_done = 0
+        self.idle_s = 0.0
+        """Seconds the worker waited for work that did not come (heartbeats carry it: async/rollout_idle_s)."""
 
     @property
     def behind(self) -> bool:

@@ -207,7 +207,7 @@ def beat(queue: WorkQueue, state: EngineState, stop: threading.Event) -> threadi
         while not stop.is_set():
             try:
                 queue.heartbeat(state.worker_id, policy_version=state.policy_version, joining=state.behind,
-                                groups_done=state.num_groups_done)  # fmt: skip
+                                groups_done=state.num_groups_done, idle_s=round(state.idle_s, 3))  # fmt: skip
             except Exception as e:  # Redis restarting: the next beat reconnects
                 log.warning("heartbeat failed: %s", e)
             stop.wait(HEARTBEAT_EVERY_S)
@@ -231,12 +231,14 @@ def run_worker(
         # Right after a generation a short wait says whether the step's work is done: the coordinator enqueues a
         # step's prompts at once, so nothing more within it means the trainer trains now (a 500 ms wait outlasted
         # a 1.5B step's training and refit on an H200, and the engine never slept during one).
+        waiting_since = time.perf_counter()
         claimed = queue.claim_batch(
             state.worker_id,
             max_sequences=limits.max_num_seqs,
             block_ms=IDLE_AFTER_WORK_MS if just_worked else 500,
             lease_timeout_s=limits.lease_timeout_s,
         )
+        state.idle_s += time.perf_counter() - waiting_since  # blocked in the claim: no work to do
         newest = max((w.policy_version for _, w in claimed), default=0)
         if newest > state.policy_version:
             # Work of a version this engine missed (it was left out of a refit): back to the queue for the others,
@@ -248,8 +250,10 @@ def run_worker(
             continue
         just_worked = bool(claimed)
         if not claimed:  # no work: the trainer is training; the engine frees what rollout.gpu.sleep_level says
+            slept_since = time.perf_counter()
             with state.lock:
                 state.engine.sleep()
+            state.idle_s += time.perf_counter() - slept_since
             continue
         started, gc_s, gc_full = time.perf_counter(), gc_clock.seconds, gc_clock.full_collections
         done = process(claimed, state, vocab, rewards, limits)
