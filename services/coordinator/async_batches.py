@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 from protos.grpo.v1 import queue_pb2
 from services.common.config import RunConfig
@@ -47,6 +48,8 @@ class AsyncBatches(SyncBatches):
         """Complete groups not yet trained on, oldest first."""
         self._index_step, self._next_index = -1, 0
         self._idle_seen: dict[str, float] = {}
+        self.trained_staleness: Counter[int] = Counter()
+        self.num_stale = 0
 
     def pending(self) -> list[Prompt]:
         return self.resumed + [self.prompts[k] for k in sorted(self.prompts)] + [p for p, _ in self.ready]
@@ -84,7 +87,23 @@ class AsyncBatches(SyncBatches):
         waited_s = time.perf_counter() - start
         self._top_up(step, c.num_prompts)  # eta batches' work, generated while this one trains
         ages = [staleness(self.policy_version, g.policy_version) for _, g in batch]
+        self.trained_staleness.update(ages)
+        self.num_stale += stale
+        self.status()
         return Batch([p for p, _ in batch], [g for _, g in batch], rejected + stale, waited_s, ages, stale)
+
+    def status(self) -> None:
+        """What /status shows of the pipeline."""
+        waiting = Counter(g.policy_version for _, g in self.ready)
+        pipeline = {
+            "max_staleness": self.max_staleness,
+            "prompts_queued": len(self.queued),
+            "groups_waiting_by_version": {str(v): n for v, n in sorted(waiting.items())},
+            "trained_groups_by_staleness": {str(a): n for a, n in sorted(self.trained_staleness.items())},
+            "dropped_stale": self.num_stale,
+        }
+        with self.state.lock:
+            self.state.pipeline = pipeline
 
     def _read(self, step: int) -> int:
         """Move the groups that came back from `queued` to `ready`; returns how many were rejected by a worker."""

@@ -22,6 +22,9 @@ class RunState:
     """The latest step's (or evaluation's) sample completions, as in samples.jsonl."""
     alerts: list[dict] = field(default_factory=list)
     """Collapse warnings (alerts.CollapseMonitor.status): each signal's last warning, and whether it still fires."""
+    pipeline: dict = field(default_factory=dict)
+    """Asynchronous GRPO's (coordinator.max_staleness >= 1): prompts queued, complete groups waiting by the version
+    that sampled them, and how many groups were trained at each staleness so far (AsyncBatches.status)."""
     error: str = ""
     num_rollout_workers: int = 1
     """Rollout workers wanted: rollout.num_workers at start, then ScaleRollout's; the launcher reconciles to it."""
@@ -55,4 +58,5 @@ class RunState:
                 "alerts": list(self.alerts),
                 "error": self.error,
                 "num_rollout_workers": self.num_rollout_workers,
+                **({"pipeline": dict(self.pipeline)} if self.pipeline else {}),
             }

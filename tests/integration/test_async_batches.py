@@ -116,6 +116,9 @@ def test_with_slow_groups_no_batch_is_older_than_eta_and_no_fresh_group_is_lost(
         source.policy_version += 1  # the trainer trains, and the refit brings the engine the new version
         worker.version = source.policy_version
     assert stale > 0, "the slow items made no group stale: the test tests nothing"
+    shown = source.state.to_json()["pipeline"]  # what /status shows
+    assert sum(shown["trained_groups_by_staleness"].values()) == 12 * NUM_PROMPTS
+    assert max(map(int, shown["trained_groups_by_staleness"])) <= eta and shown["dropped_stale"] == stale
     assert len(trained) == len(set(trained)), "a trajectory was trained twice"
     # Every complete group is trained, dropped as stale, or still in the pipeline: none vanished.
     worker.running.clear()
