@@ -194,7 +194,11 @@ class CoordinatorSection(_Section):
     """Group-relative advantage: grpo ((r - mean) / std within the group) or dr_grpo (r - mean, no std division).
     Unset, it follows trainer.loss.name = "dr_grpo" (the pairing Dr.GRPO's paper uses)."""
     dynamic_sampling: bool = False
-    """Train only on groups whose rewards differ (DAPO): an all-equal group has zero advantage everywhere."""
+    """Train only on groups whose rewards differ (DAPO): an all-equal group has zero advantage everywhere. The step
+    replaces each group without signal by a new prompt's (data/refill_groups), up to dynamic_sampling_max_extra."""
+    dynamic_sampling_max_extra: int = Field(default=3, ge=0)
+    """Extra groups a step may generate to replace groups without signal, in num_prompts (verl's
+    max_num_gen_batches - 1); past them the batch is completed with groups without signal (they train nothing)."""
     overlong_buffer_tokens: int = Field(default=0, ge=0)
     """DAPO overlong shaping: the last this many tokens before max_tokens cost up to overlong_penalty; 0 = off."""
     overlong_penalty: float = Field(default=1.0, ge=0)

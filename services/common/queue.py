@@ -145,6 +145,20 @@ class WorkQueue:
             start = "(" + entries[-1][0].decode()
         return dropped
 
+    def trim(self, read_up_to: str) -> None:
+        """Delete what no one needs any more, so a long run's Redis memory stays flat: prompt items before the
+        oldest one pending at a worker or not yet delivered (workers delete what they complete; this takes what
+        a crash or a dropped entry left acked), and trajectory groups up to the coordinator's read cursor (it is
+        their only reader)."""
+        if self.r.exists(self.prompts):
+            groups = self.r.xinfo_groups(self.prompts)
+            [info] = [g for g in groups if _as_str(g["name"]) == ROLLOUT_GROUP]
+            pending = self.r.xpending(self.prompts, ROLLOUT_GROUP)
+            keep_from = pending["min"] if pending["pending"] else _next_id(info["last-delivered-id"])
+            self.r.xtrim(self.prompts, minid=_as_str(keep_from), approximate=False)
+        if read_up_to not in ("", "0", "0-0", "$"):
+            self.r.xtrim(self.trajectories, minid=_next_id(read_up_to), approximate=False)
+
     def depths(self) -> dict[str, int]:
         pending = 0
         if self.r.exists(self.prompts):
@@ -240,11 +254,14 @@ class WorkQueue:
             return
         self.enqueue([work for _, work in claimed])
         self.r.xack(self.prompts, ROLLOUT_GROUP, *(entry_id for entry_id, _ in claimed))
+        self.r.xdel(self.prompts, *(entry_id for entry_id, _ in claimed))
 
     def complete(self, entry_id: str, group: queue_pb2.TrajectoryGroup) -> None:
-        # Ack only after the trajectory is in the stream, so a crash re-leases the prompt, never loses it.
+        # Ack only after the trajectory is in the stream, so a crash re-leases the prompt, never loses it. The item
+        # is then deleted (one that a crash left acked but there goes with the coordinator's next trim).
         self.r.xadd(self.trajectories, self._signed("group", group.SerializeToString()))
         self.r.xack(self.prompts, ROLLOUT_GROUP, entry_id)
+        self.r.xdel(self.prompts, entry_id)
 
     def heartbeat(self, worker_id: str, **fields: object) -> None:
         beat = {"ts": time.time(), **fields}
@@ -279,3 +296,13 @@ def _unhex(text: str) -> bytes:
         return bytes.fromhex(text)
     except ValueError:
         return b""
+
+
+def _as_str(entry_id: bytes | str) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+
+def _next_id(entry_id: bytes | str) -> str:
+    """The stream id right after entry_id (XTRIM MINID keeps ids >= its argument)."""
+    ms, _, seq = _as_str(entry_id).partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"

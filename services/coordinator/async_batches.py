@@ -51,6 +51,9 @@ class AsyncBatches(SyncBatches):
         self.trained_staleness: Counter[int] = Counter()
         self.num_stale = 0
 
+    def read_cursor(self) -> str:
+        return self.cursor or ""
+
     def pending(self) -> list[Prompt]:
         return self.resumed + [self.prompts[k] for k in sorted(self.prompts)] + [p for p, _ in self.ready]
 
@@ -59,7 +62,8 @@ class AsyncBatches(SyncBatches):
         deadline = time.monotonic() + c.batch_timeout_s
         if self.cursor is None:
             self.cursor = self.queue.trajectories_tail()
-        rejected = stale = 0
+        rejected = stale = refilled = 0
+        refill_budget = c.dynamic_sampling_max_extra * c.num_prompts if self.has_signal else 0
         batch: list[tuple[Prompt, queue_pb2.TrajectoryGroup]] = []
         while True:
             kept = []
@@ -68,6 +72,8 @@ class AsyncBatches(SyncBatches):
                     stale += 1
                     log.info("step %d: a group of policy version %d dropped, more than %d behind version %d",
                              step, g.policy_version, self.max_staleness, self.policy_version)  # fmt: skip
+                elif refilled < refill_budget and not self.has_signal(g):
+                    refilled += 1  # DAPO's dynamic sampling: the top-up below brings another prompt's group
                 else:
                     kept.append((prompt, g))
             need = c.num_prompts - len(batch)
@@ -90,7 +96,8 @@ class AsyncBatches(SyncBatches):
         self.trained_staleness.update(ages)
         self.num_stale += stale
         self.status()
-        return Batch([p for p, _ in batch], [g for _, g in batch], rejected + stale, waited_s, ages, stale)
+        groups = [g for _, g in batch]
+        return Batch([p for p, _ in batch], groups, rejected + stale, waited_s, ages, stale, refilled)
 
     def status(self) -> None:
         """What /status shows of the pipeline."""

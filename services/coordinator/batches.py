@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protos.grpo.v1 import queue_pb2
@@ -41,6 +42,8 @@ class Batch:
     """Per group: versions between its sampling policy and the one it trains (asynchronous GRPO); empty = all 0."""
     num_stale: int = 0
     """Groups dropped as more than coordinator.max_staleness versions behind (counted in num_dropped too)."""
+    num_refilled: int = 0
+    """Extra groups generated to replace groups without signal (coordinator.dynamic_sampling)."""
 
 
 class SyncBatches:
@@ -52,25 +55,56 @@ class SyncBatches:
         """The version every engine holds after the last refit: the only one whose groups are used."""
         self.resumed: list[Prompt] = []
         """A checkpoint's pending prompts (handed out, not trained on), taken before the feed's next ones."""
+        self._read_up_to = ""
+        self.has_signal: Callable[[queue_pb2.TrajectoryGroup], bool] | None = None
+        """With coordinator.dynamic_sampling, whether a group's (shaped) rewards differ; set by the loop."""
 
     def take(self, step: int) -> Batch:
-        start = time.perf_counter()
-        cursor = self.queue.trajectories_tail()
-        prompts = self.next_prompts(self.cfg.coordinator.num_prompts)
-        items = self.prompt_work(step, prompts)
-        self.queue.enqueue(items)
-        collected = self.collect(step, cursor, items)
-        kept = [i for i, g in enumerate(collected) if g is not None]
+        start, num_prompts = time.perf_counter(), self.cfg.coordinator.num_prompts
+        prompts = self.next_prompts(num_prompts)
+        collected = self._generate(step, prompts, 0)
+        kept = [(p, g) for p, g in zip(prompts, collected) if g is not None]
         if not kept:
             raise StepFailed(f"step {step}: every prompt was dropped (worker logs say why)")
+        num_dropped, refilled = num_prompts - len(kept), 0
+        if self.has_signal is not None:
+            kept, refilled = self._refill(step, kept)
         return Batch(
-            [prompts[i] for i in kept], [collected[i] for i in kept], len(prompts) - len(kept),
-            time.perf_counter() - start,
+            [p for p, _ in kept], [g for _, g in kept], num_dropped, time.perf_counter() - start,
+            num_refilled=refilled,
         )  # fmt: skip
+
+    def _generate(self, step: int, prompts: list[Prompt], first_index: int) -> list[queue_pb2.TrajectoryGroup | None]:
+        c = self.cfg.coordinator
+        items = [self._work(step, first_index + i, p, c.num_samples, c.temperature) for i, p in enumerate(prompts)]
+        cursor = self.queue.trajectories_tail()
+        self.queue.enqueue(items)
+        return self.collect(step, cursor, items)
+
+    def _refill(self, step: int, kept: list[tuple[Prompt, queue_pb2.TrajectoryGroup]]) -> tuple[list, int]:
+        """DAPO's dynamic sampling: groups without signal replaced by new prompts' until the batch has num_prompts
+        groups with signal or the extra budget is spent; the batch is then completed with groups without signal
+        (they train nothing: the loop's advantages leave them out). Returns the batch and the extra groups."""
+        c = self.cfg.coordinator
+        with_signal = [(p, g) for p, g in kept if self.has_signal(g)]
+        without = [(p, g) for p, g in kept if not self.has_signal(g)]
+        budget, extra = c.dynamic_sampling_max_extra * c.num_prompts, 0
+        while len(with_signal) < c.num_prompts and extra < budget:
+            prompts = self.next_prompts(min(c.num_prompts - len(with_signal), budget - extra))
+            got = self._generate(step, prompts, c.num_prompts + extra)
+            extra += len(prompts)
+            for p, g in zip(prompts, got):
+                if g is not None:
+                    (with_signal if self.has_signal(g) else without).append((p, g))
+        return with_signal + without[: max(0, c.num_prompts - len(with_signal))], extra
 
     def next_prompts(self, k: int) -> list[Prompt]:
         prompts, self.resumed = self.resumed[:k], self.resumed[k:]
         return prompts + self.feed.take(k - len(prompts))
+
+    def read_cursor(self) -> str:
+        """The trajectory stream up to here is read and used: it may be trimmed."""
+        return self._read_up_to
 
     def pending(self) -> list[Prompt]:
         """Prompts taken from the feed and not yet trained on or dropped: what a checkpoint must hand out again."""
@@ -96,10 +130,6 @@ class SyncBatches:
             seed=(self.cfg.run.seed * 1_000_003 + step * 10_007 + index) % 2**63 + 1,
         )
 
-    def prompt_work(self, step: int, prompts: list[Prompt]) -> list[queue_pb2.PromptWork]:
-        c = self.cfg.coordinator
-        return [self._work(step, i, p, c.num_samples, c.temperature) for i, p in enumerate(prompts)]
-
     def _work(
         self, step: int, index: int, p: Prompt, num_samples: int, temperature: float, held_out: bool = False
     ) -> queue_pb2.PromptWork:
@@ -121,7 +151,7 @@ class SyncBatches:
         """Read trajectory groups until every item has one, or None where its prompt was dropped: rejected by a
         worker (a bad item, or one that failed on every delivery), or sampled by another policy version more
         than MAX_REQUEUES times. A group of another version is never used; its item is enqueued again."""
-        want = len(items)
+        want, position = len(items), {item.prompt_index: k for k, item in enumerate(items)}
         got: dict[int, queue_pb2.TrajectoryGroup | None] = {}
         requeued: Counter[int] = Counter()
         deadline = time.monotonic() + self.cfg.coordinator.batch_timeout_s
@@ -137,9 +167,9 @@ class SyncBatches:
             self.refits.catch_up_joiners(self.policy_version)
             cursor, groups = self.queue.read_trajectories(cursor, block_ms=500)
             for g in groups:
-                i = g.prompt_index
+                i = position.get(g.prompt_index, -1)
                 # A re-leased item can come back twice; its ids are deterministic, the first copy wins.
-                if g.run_id != self.state.run_id or g.step != step or g.eval != held_out or i >= want or i in got:
+                if g.run_id != self.state.run_id or g.step != step or g.eval != held_out or i < 0 or i in got:
                     continue
                 if not g.trajectories:
                     log.warning("step %d: prompt %d dropped, rejected by %s: %s", step, i, g.worker_id, g.error)
@@ -157,6 +187,7 @@ class SyncBatches:
                     self.queue.enqueue([items[i]])
                 else:
                     got[i] = g
+        self._read_up_to = cursor
         return [got[i] for i in range(want)]
 
     def _who_works(self) -> str:

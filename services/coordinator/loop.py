@@ -52,6 +52,8 @@ class GrpoLoop:
         self.refits = Refits(trainer, queue, cfg.coordinator.rpc_timeout_s)
         source = AsyncBatches if cfg.coordinator.max_staleness else SyncBatches
         self.batches = source(cfg, queue, feed, state, self.refits)
+        if cfg.coordinator.dynamic_sampling:
+            self.batches.has_signal = lambda g: bool(groups_with_signal([self._rewards(g)]))
         self.pending: list[Prompt] = []
         """Prompts taken from the feed but not trained at the end of the last completed step (asynchronous GRPO's
         pipeline): a checkpoint hands them out again."""
@@ -109,6 +111,7 @@ class GrpoLoop:
         if self.save_due(step):
             m["checkpoint/policy_version"] = self.save(step)
         self.metrics.append(m)
+        self.queue.trim(self.batches.read_cursor())  # what this step used: Redis memory stays flat over a long run
         self.data_cursor, self.pending = self.feed.cursor, self.batches.pending()
         if self.checkpoints.due(step, self.state.num_steps):
             self.checkpoint(step)
@@ -156,7 +159,7 @@ class GrpoLoop:
 
     def advantages(self, groups: list[queue_pb2.TrajectoryGroup]) -> list[trainer_pb2.Sequence]:
         c = self.cfg.coordinator
-        rewards_PG = [[t.reward + self._shaping(len(t.response_ids)) for t in g.trajectories] for g in groups]
+        rewards_PG = [self._rewards(g) for g in groups]
         kept = groups_with_signal(rewards_PG) if c.dynamic_sampling else list(range(len(groups)))
         # If no group has signal the batch still trains (all advantages 0): the loop stays uniform.
         kept = kept or list(range(len(groups)))
@@ -175,6 +178,10 @@ class GrpoLoop:
                     )
                 )
         return sequences
+
+    def _rewards(self, group: queue_pb2.TrajectoryGroup) -> list[float]:
+        """Each trajectory's reward with DAPO's overlong shaping: what the advantages are computed from."""
+        return [t.reward + self._shaping(len(t.response_ids)) for t in group.trajectories]
 
     def _shaping(self, num_tokens: int) -> float:
         c = self.cfg.coordinator
@@ -221,6 +228,8 @@ class GrpoLoop:
                 "timing/total_s": time.perf_counter() - start,
             }
         )
+        if self.cfg.coordinator.dynamic_sampling:
+            m["data/refill_groups"] = float(batch.num_refilled)
         if self.cfg.coordinator.max_staleness:
             m.update(self.batches.async_metrics(batch))
         return m

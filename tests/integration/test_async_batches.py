@@ -11,8 +11,9 @@ import pytest
 from protos.grpo.v1 import queue_pb2
 from services.common.config import load_config
 from services.common.queue import WorkQueue, connect
+from services.coordinator.advantages import groups_with_signal
 from services.coordinator.async_batches import AsyncBatches
-from services.coordinator.batches import StepFailed
+from services.coordinator.batches import StepFailed, SyncBatches
 from services.coordinator.feed import PromptFeed
 from services.coordinator.refits import Refits
 from services.coordinator.state import RunState
@@ -20,7 +21,7 @@ from services.coordinator.state import RunState
 NUM_PROMPTS = 2
 
 
-def _source(redis_url, tiny_model, eta: int, *overrides: str) -> AsyncBatches:
+def _source(redis_url, tiny_model, eta: int, *overrides: str) -> SyncBatches:
     suffix = uuid.uuid4().hex[:8]
     queue = WorkQueue(connect(redis_url), f"prompts-{suffix}", f"trajectories-{suffix}")
     queue.ensure_group()
@@ -35,15 +36,20 @@ def _source(redis_url, tiny_model, eta: int, *overrides: str) -> AsyncBatches:
             *overrides,
         ],
     )
-    return AsyncBatches(cfg, queue, PromptFeed(cfg, None), RunState(run_id="r", num_steps=100), Refits(None, queue, 5))
+    source = AsyncBatches if eta else SyncBatches
+    return source(cfg, queue, PromptFeed(cfg, None), RunState(run_id="r", num_steps=100), Refits(None, queue, 5))
 
 
 class ScriptedWorker:
-    """Claims work and completes it as an engine holding `version` would; `reject` names prompts it refuses, and
+    """Claims work and completes it as an engine holding `version` would; `reject` names prompts it refuses, their
+    samples' rewards differ except for the prompts in `no_signal` (or all, with `no_signal = ALL`), and
     `slow_every` > 0 holds every such item back until the engine is 3 versions further (a slow or re-leased one)."""
 
-    def __init__(self, source: AsyncBatches, slow_every: int = 0):
+    ALL = "all"
+
+    def __init__(self, source: SyncBatches, slow_every: int = 0):
         self.source, self.version, self.reject, self.slow_every = source, 0, set(), slow_every
+        self.no_signal: set[str] | str = set()
         self.produced: list[queue_pb2.TrajectoryGroup] = []
         self.held: list[tuple[str, queue_pb2.TrajectoryGroup]] = []
         self.running = threading.Event()
@@ -72,7 +78,9 @@ class ScriptedWorker:
                     continue
                 for i in range(work.num_samples):
                     tid = f"{work.run_id}/{work.step}/{work.prompt_index}/{i}"
-                    g.trajectories.append(queue_pb2.Trajectory(trajectory_id=tid, response_ids=[5]))
+                    flat = self.no_signal == self.ALL or work.task.prompt in self.no_signal
+                    reward = 0.0 if flat else float(i % 2)
+                    g.trajectories.append(queue_pb2.Trajectory(trajectory_id=tid, response_ids=[5], reward=reward))
                 if self.slow_every and work.prompt_index % self.slow_every == self.slow_every - 1:
                     self.held.append((entry_id, g))
                     continue
@@ -172,3 +180,32 @@ def test_a_batch_that_never_fills_fails_naming_the_wait(redis_url, tiny_model):
     source = _source(redis_url, tiny_model, 1, "coordinator.batch_timeout_s=1")
     with pytest.raises(StepFailed, match=r"0/2 groups after coordinator.batch_timeout_s=1.0s; prompt items pending"):
         source.take(1)
+
+
+def _signal(g: queue_pb2.TrajectoryGroup) -> bool:
+    return bool(groups_with_signal([[t.reward for t in g.trajectories]]))
+
+
+@pytest.mark.parametrize("eta", [0, 1])
+def test_dynamic_sampling_replaces_flat_groups_until_the_batch_is_full(redis_url, tiny_model, worker_for, eta):
+    source = _source(redis_url, tiny_model, eta, "coordinator.dynamic_sampling=true")
+    source.has_signal = _signal
+    flat = [p.text for p in PromptFeed(source.cfg, None).take(NUM_PROMPTS)]  # the first prompts the feed gives
+    worker = worker_for(source)
+    worker.no_signal = set(flat)
+    batch = source.take(1)
+    assert len(batch.groups) == NUM_PROMPTS and all(map(_signal, batch.groups))
+    assert batch.num_refilled == NUM_PROMPTS and not {p.text for p in batch.prompts} & set(flat)
+    ids = _ids(batch)
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("eta", [0, 1])
+def test_dynamic_sampling_stops_refilling_at_its_budget(redis_url, tiny_model, worker_for, eta):
+    source = _source(redis_url, tiny_model, eta, "coordinator.dynamic_sampling=true")
+    source.has_signal = _signal
+    worker = worker_for(source)
+    worker.no_signal = ScriptedWorker.ALL  # a task too hard to start with: nothing has signal
+    batch = source.take(1)
+    assert batch.num_refilled == source.cfg.coordinator.dynamic_sampling_max_extra * NUM_PROMPTS
+    assert len(batch.groups) == NUM_PROMPTS  # completed with groups that train nothing, not a step that hangs
