@@ -59,6 +59,14 @@ lint: $(STAMP)
 bench: $(STAMP)
 	@echo "GPU benchmarks run on the device machine: see bench/README.md"
 
+# A Docker host on this machine (deploy/docker/testhost.py: dockerd on a private socket, local stand-ins for Docker
+# Hub's images) and `make up` on it: a short run, then rollout and trainer containers killed mid-run. ~6 min on 2 cores
+# with the images built (~2 min more for the host's first start, ~3.5 for a first build); not in `make test`.
+DOCKER_TEST_DIR ?= /tmp/grpo-docker
+.PHONY: test-docker
+test-docker: $(STAMP)
+	GRPO_DOCKER_HOST_TEST=1 GRPO_DOCKER_TEST_DIR=$(DOCKER_TEST_DIR) $(PY) -m pytest -q -rs tests/integration/test_docker_host.py
+
 # 60 steps under 30 seeded kill -9s against an uninterrupted run (~20 min on 2 cores; not in CI): bench/results/chaos.json.
 .PHONY: chaos
 chaos: $(STAMP)

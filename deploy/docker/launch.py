@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from services.common import auth
 from services.common.config import RunConfig
 from services.common.redis_server import redis_settings, write_private
 
@@ -52,9 +53,13 @@ def container_config(placement: Placement) -> RunConfig:
 def write_redis_conf(cfg: RunConfig, run_dir: Path) -> Path:
     """The Redis container's settings in run_dir/redis.conf (0600: the password is in it): `make run`'s locked Redis
     (services/common/redis_server.py) on the project's network, its files in the container's /data volume."""
-    lines = redis_settings(DOCKER_REDIS_PORT, "0.0.0.0", "/data")  # the container's interfaces, never published
-    if not cfg.run.locked:
-        lines.append("protected-mode no")  # no password then, and the clients are other containers
+    # The run folder's secret, as `make run` gives its Redis (this process has loaded none; None: this process's).
+    secret = auth.run_secret(run_dir) if cfg.run.locked else None
+    lines = redis_settings(DOCKER_REDIS_PORT, "0.0.0.0", "/data", secret)  # the container's interfaces, never published
+    # The clients are other containers. Protected mode refuses them wherever the default user keeps `nopass`, which
+    # `user default off` (a locked run) leaves set (Redis 7 reads no `bind` exemption); locked, only the services'
+    # user logs in, with the password.
+    lines.append("protected-mode no")
     return write_private(run_dir / "redis.conf", lines)
 
 
