@@ -75,9 +75,13 @@ def run(config: Path, overrides: list[str], work: Path, name: str, pinning: bool
         time.sleep(0.5)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed ({proc.returncode}):\n{(work / f'{name}.out').read_text()[-3000:]}")
-    rows = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines() if line.strip()]
     for saved in ("resume", "checkpoints"):
         shutil.rmtree(work / name / saved, ignore_errors=True)
+    return read_rows(work / name)
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [r for r in rows if "timing/total_s" in r]
 
 
@@ -114,8 +118,10 @@ def summary(rounds: dict[int, list[list[dict]]]) -> dict:
         out[f"final_reward_{key}"] = round(statistics.fmean(finals[eta]), 4)
         out[f"final_reward_spread_{key}"] = [round(min(finals[eta]), 4), round(max(finals[eta]), 4)]
         if eta:
+            # The median step's share: a checkpoint between two steps (run.checkpoint_every) is rollout idle time
+            # outside any step's clock.
             later = [r for r in rows if int(r["step"]) > 1]
-            idle = sum(r["async/rollout_idle_s"] for r in later) / sum(r["timing/total_s"] for r in later)
+            idle = statistics.median(r["async/rollout_idle_s"] / r["timing/total_s"] for r in later)
             out[f"rollout_idle_frac_{key}"] = round(idle, 4)
             out[f"staleness_mean_{key}"] = round(statistics.fmean(r["async/staleness_mean"] for r in rows), 4)
             out[f"dropped_stale_{key}"] = sum(r["async/dropped_stale"] for r in rows)
@@ -138,14 +144,20 @@ def main() -> int:
     parser.add_argument("--pin", action="store_true", help="trainer on core 0, the rest on core 1 (taskset)")
     parser.add_argument("--args", nargs="*", default=[], help="extra overrides for every run")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--from-dir", help="summarise the runs already in this folder (eta<E>_<round>/) instead")
     args = parser.parse_args()
     base = [f"run.num_steps={args.steps}", "run.train_minutes=0", "run.eval_every=0", "run.save_every=0", *args.args]
-    work = Path(tempfile.mkdtemp(prefix="async-"))
+    work = Path(args.from_dir or tempfile.mkdtemp(prefix="async-"))
+    print(f"runs in {work}", flush=True)
     rounds: dict[int, list[list[dict]]] = {eta: [] for eta in SETTINGS}
     curves: dict[str, list] = {}
     for i in range(args.rounds):
         for eta in SETTINGS:
-            rows = run(Path(args.config), [*base, f"coordinator.max_staleness={eta}"], work, f"eta{eta}_{i}", args.pin)
+            if args.from_dir:
+                rows = read_rows(Path(args.from_dir) / f"eta{eta}_{i}")
+            else:
+                overrides = [*base, f"coordinator.max_staleness={eta}"]
+                rows = run(Path(args.config), overrides, work, f"eta{eta}_{i}", args.pin)
             rounds[eta].append(rows)
             curves[f"eta{eta}_round{i}"] = reward_curve(rows)
             print(f"eta={eta} round {i}: step {median(rows, 'timing/total_s')} s", flush=True)

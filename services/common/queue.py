@@ -260,8 +260,8 @@ class WorkQueue:
         # Ack only after the trajectory is in the stream, so a crash re-leases the prompt, never loses it. The item
         # is then deleted (one that a crash left acked but there goes with the coordinator's next trim).
         self.r.xadd(self.trajectories, self._signed("group", group.SerializeToString()))
-        self.r.xack(self.prompts, ROLLOUT_GROUP, entry_id)
-        self.r.xdel(self.prompts, entry_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xack(self.prompts, ROLLOUT_GROUP, entry_id).xdel(self.prompts, entry_id).execute()
 
     def heartbeat(self, worker_id: str, **fields: object) -> None:
         beat = {"ts": time.time(), **fields}
