@@ -55,7 +55,9 @@ def test_engine_logprobs_match_hf_before_and_after_a_weight_load(engine_name, ti
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     engine = make_engine(ENGINES[engine_name], str(tiny_model), seed=0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    prompts = [[2, 3, 4, 5], [30, 31, 54]]
+    # The last one spans more than a KV block (128 tokens on CPU): generated again after the load, it must not
+    # reuse the cached keys and values of the old weights (vLLM's prefix cache).
+    prompts = [[2, 3, 4, 5], [30, 31, 54], [(7 * i) % 60 + 2 for i in range(200)]]
     assert _max_diff(engine, model, prompts) < 1e-4
     # Below temperature 1 the logprobs are those of the sharper distribution the tokens were drawn from.
     assert _max_diff(engine, model, prompts, temperature=0.7) < 1e-4
