@@ -47,7 +47,7 @@ class AsyncBatches(SyncBatches):
         self.ready: list[tuple[Prompt, queue_pb2.TrajectoryGroup]] = []
         """Complete groups not yet trained on, oldest first."""
         self._index_step, self._next_index = -1, 0
-        self._idle_seen: dict[str, float] = {}
+        self._clocks_seen: dict[tuple[str, str], float] = {}
         self.trained_staleness: Counter[int] = Counter()
         self.num_stale = 0
 
@@ -156,19 +156,24 @@ class AsyncBatches(SyncBatches):
             "async/staleness_max": float(max(ages)),
             "async/dropped_stale": float(batch.num_stale),
             "async/trainer_idle_s": batch.generation_s,
-            "async/rollout_idle_s": self._rollout_idle_s(),
+            **self._rollout_clocks(),
         }
 
-    def _rollout_idle_s(self) -> float:
-        """Seconds the workers together spent without work since the last call, from the idle clocks in their
-        heartbeats (a beat a second: the figure lags by up to that). A restarted worker's clock starts again."""
-        total = 0.0
-        for worker, beat in self.queue.workers().items():
-            idle = beat.get("idle_s")
-            if not isinstance(idle, int | float):
-                continue
-            seen = self._idle_seen.get(worker)
-            if seen is not None:
-                total += idle - seen if idle >= seen else idle
-            self._idle_seen[worker] = idle
-        return total
+    def _rollout_clocks(self) -> dict[str, float]:
+        """async/rollout_idle_s and async/rollout_pause_s: seconds the workers together spent without work, and
+        with generation stopped for an in-flight load, since the last call, from the clocks in their heartbeats (a
+        beat a second: the figures lag by up to that). A restarted worker's clocks start again."""
+        beats = self.queue.workers()
+        out = {}
+        for clock in ("idle_s", "pause_s"):
+            total = 0.0
+            for worker, beat in beats.items():
+                now = beat.get(clock)
+                if not isinstance(now, int | float):
+                    continue
+                seen = self._clocks_seen.get((worker, clock))
+                if seen is not None:
+                    total += now - seen if now >= seen else now
+                self._clocks_seen[(worker, clock)] = now
+            out[f"async/rollout_{clock}"] = total
+        return out

@@ -35,6 +35,7 @@ ASYNC_KEYS = (
     "async/dropped_stale",
     "async/trainer_idle_s",
     "async/rollout_idle_s",
+    "async/rollout_pause_s",
 )
 """Asynchronous GRPO's (coordinator.max_staleness >= 1), in each step's row besides STEP_KEYS."""
 

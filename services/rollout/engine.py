@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -17,6 +18,12 @@ class Sample:
     logprobs: list[float]
     """Logprob of each sampled token under the distribution it was sampled from (logits / temperature)."""
     finish_reason: str
+    versions: list[int] = field(default_factory=list)
+    """The policy version that sampled each token, where the engine ran between_steps (in-flight updates)."""
+
+
+BetweenSteps = Callable[[], int]
+"""Called by an engine that can between its decode steps: may load new weights; returns the version in force."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +39,10 @@ class Engine(Protocol):
     dtype: torch.dtype
     """Dtype of the floating weights, which refits should arrive in (registered with weightsync)."""
 
-    def generate(self, requests: list[Request]) -> list[list[Sample]]:
-        """The samples of each request, in order; temperature 0 is greedy."""
+    def generate(self, requests: list[Request], between_steps: BetweenSteps | None = None) -> list[list[Sample]]:
+        """The samples of each request, in order; temperature 0 is greedy. An engine that can calls between_steps
+        after each decode step (and once before the first), where weights may be loaded, and records per token the
+        version it returned; one that cannot ignores it."""
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Replace the weights in place (HF names); the engine keeps running. The tensors may be views of the

@@ -31,7 +31,7 @@ class HFEngine:
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
         torch.manual_seed(seed)
 
-    def generate(self, requests: list[Request]) -> list[list[Sample]]:
+    def generate(self, requests: list[Request], between_steps=None) -> list[list[Sample]]:  # no steps to go between
         return [self._generate_one(list(r.prompt_ids), r.num_samples, r.sampling) for r in requests]
 
     @torch.no_grad()

@@ -26,7 +26,9 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
 
     engine = make_engine(cfg.rollout, cfg.model.path, cfg.run.seed + worker_index, cfg.model.lm_head_fp32)
     worker_id = f"rollout-{worker_index}@{socket.gethostname()}:{os.getpid()}"
-    state = EngineState(engine, worker_id, cfg.rollout.engine)
+    # Asynchronous GRPO loads a refit between decode steps of the running generation (vLLM's step loop).
+    inflight = cfg.coordinator.max_staleness > 0 and cfg.rollout.engine == "vllm"
+    state = EngineState(engine, worker_id, cfg.rollout.engine, inflight)
     port = cfg.rollout.grpc_port + worker_index if cfg.rollout.grpc_port else 0
     server, port = make_server(cfg.rollout.host, port, "grpo.v1.Rollout")
     rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(state), server)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -19,12 +20,33 @@ from .engine import Engine
 log = logging.getLogger(__name__)
 
 
+class _Load:
+    """A verified version waiting to be applied, by whichever thread holds the engine first."""
+
+    def __init__(self, apply: Callable[[], object]):
+        self.apply, self.done, self.result, self.error = apply, threading.Event(), None, None
+
+    def run(self) -> None:
+        try:
+            self.result = self.apply()
+        except BaseException as e:  # handed back to the RPC's thread, which raises it
+            self.error = e
+        finally:
+            self.done.set()
+
+
 class EngineState:
     """The engine plus what every thread of the worker reads: the applied version and a lock."""
 
-    def __init__(self, engine: Engine, worker_id: str, engine_name: str):
+    def __init__(self, engine: Engine, worker_id: str, engine_name: str, inflight: bool = False):
         self.engine, self.worker_id, self.engine_name = engine, worker_id, engine_name
         self.lock = threading.Lock()
+        self.inflight = inflight
+        """Load a refit between the decode steps of a running generation (asynchronous GRPO) instead of after it."""
+        self._waiting: list[_Load] = []
+        self._waiting_lock = threading.Lock()
+        self.pause_s = 0.0
+        """Seconds generation stood still for in-flight loads (heartbeats carry it: async/rollout_pause_s)."""
         self.policy_version = 0
         self.wanted_version = 0
         """The newest version the run is known to be at (registration, claimed work): above policy_version, the
@@ -36,6 +58,45 @@ class EngineState:
     @property
     def behind(self) -> bool:
         return self.policy_version < self.wanted_version
+
+    def apply(self, load: Callable[[], object]) -> object:
+        """Run `load` with the engine to itself: at once where no generation runs; where one does, between two of
+        its decode steps (inflight: the generating thread runs it in between_steps) or after it. Returns its
+        result, or raises its error."""
+        waiting = _Load(load)
+        with self._waiting_lock:
+            self._waiting.append(waiting)
+        while not waiting.done.wait(0.001):
+            if not self.lock.acquire(timeout=0.01):
+                continue
+            try:
+                if self._take(waiting):
+                    waiting.run()
+            finally:
+                self.lock.release()
+        if waiting.error is not None:
+            raise waiting.error
+        return waiting.result
+
+    def _take(self, waiting: _Load) -> bool:
+        """Whether `waiting` is still to run, and now this thread's to run."""
+        with self._waiting_lock:
+            if waiting not in self._waiting:
+                return False
+            self._waiting.remove(waiting)
+            return True
+
+    def between_steps(self) -> int:
+        """The engine's hook between decode steps (the generating thread holds the lock): a verified version
+        waiting is loaded now, generation paused meanwhile. Returns the version the next tokens are sampled by."""
+        if self._waiting:
+            start = time.perf_counter()
+            with self._waiting_lock:
+                ready, self._waiting = self._waiting, []
+            for waiting in ready:
+                waiting.run()
+            self.pause_s += time.perf_counter() - start
+        return self.policy_version
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
@@ -66,9 +127,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         # touched (Receiver.receive): a failed or forged transfer leaves the previous version fully in service.
         with self.receiver.receive(m, request.group, request.source, request.refit_id) as (named, received):
             received_at = time.perf_counter()
-            with self.state.lock:
-                locked_at = time.perf_counter()  # generation holds the lock between groups
-                # Again under the lock: a joiner's pull and a refit may arrive together. The version held
+
+            def load() -> tuple[float, float, dict[str, str]]:
+                locked_at = time.perf_counter()  # generation holds the engine until a step or a call ends
+                # Again with the engine held: a joiner's pull and a refit may arrive together. The version held
                 # already (a retried refit, or one repeated for a joining worker, in which a collective transport
                 # needs every member) was received and verified, and is not loaded again.
                 _refuse_older(m.policy_version, self.state.policy_version)
@@ -76,7 +138,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                     self.state.engine.load_weights(named)
                     self.state.policy_version = m.policy_version
                 loaded_at = time.perf_counter()
-                readback = read_back(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo)
+                return (
+                    locked_at,
+                    loaded_at,
+                    read_back(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo),
+                )
+
+            locked_at, loaded_at, readback = self.state.apply(load)
         end = time.perf_counter()
         log.info(
             "version %d applied in %.3fs: received and verified %.3fs, waited for the engine %.3fs, "

@@ -15,7 +15,7 @@ import torch
 
 from services.common.config import RolloutSection
 
-from .engine import Request, Sample
+from .engine import BetweenSteps, Request, Sample
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +105,13 @@ class VllmEngine:
         self.sleep_level = cfg.gpu.sleep_level if on_gpu else 0
         self.asleep = False
         self.llm = LLM(model=model_path, seed=seed, **args)
+        self._requests_made = 0
         # The trainer computes its bf16 head in fp32 as well (model.lm_head_fp32): the logprobs then agree.
         self.lm_head_fp32 = (
             lm_head_fp32 and self.dtype != torch.float32 and all(self.llm.collective_rpc("fp32_lm_head"))
         )
 
-    def generate(self, requests: list[Request]) -> list[list[Sample]]:
+    def generate(self, requests: list[Request], between_steps: BetweenSteps | None = None) -> list[list[Sample]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -134,6 +135,8 @@ class VllmEngine:
             for r in requests
         ]
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        if between_steps is not None:
+            return self._generate_steps(prompts, params, between_steps)
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         return [
             [
@@ -143,14 +146,48 @@ class VllmEngine:
             for out in outs
         ]
 
+    def _generate_steps(self, prompts: list, params: list, between_steps: BetweenSteps) -> list[list[Sample]]:
+        """generate's engine loop, one decode step at a time, with between_steps after each (in-flight updates):
+        every sample's tokens arrive as they are made (vLLM's DELTA outputs), each marked with the version then
+        in force."""
+        from vllm.sampling_params import RequestOutputKind
+
+        engine, first = self.llm.llm_engine, self._requests_made
+        self._requests_made += len(prompts)
+        ids = [f"grpo-{first + k}" for k in range(len(prompts))]
+        # Per request, per sample: token ids, logprobs, versions, finish reason.
+        made = [[([], [], [], [""]) for _ in range(p.n)] for p in params]
+        for request_id, prompt, p in zip(ids, prompts, params):
+            p.output_kind = RequestOutputKind.DELTA
+            engine.add_request(request_id, prompt, p)
+        try:
+            version = between_steps()
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    k = int(out.request_id.rpartition("-")[2]) - first
+                    for c in out.outputs:
+                        tokens, logprobs, versions, finish = made[k][c.index]
+                        new = list(c.token_ids)
+                        tokens += new
+                        logprobs += sampled_logprobs(c.logprobs, new)
+                        versions += [version] * len(new)
+                        finish[0] = c.finish_reason or finish[0]
+                version = between_steps()
+        finally:
+            if engine.has_unfinished_requests():  # an exception mid-way: nothing of this call stays in the engine
+                engine.abort_request(ids)
+        return [[Sample(t, lp, f[0], v) for t, lp, v, f in per_request] for per_request in made]
+
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
         self.wake()  # level 1 keeps the weights in host memory while asleep: they come back, then the new ones
         self.llm.collective_rpc("load_named", args=(named,))
         # Cached prefix blocks hold keys and values of the old weights: a prompt that shares a block with one seen
         # before (a system prompt, a chat template) would attend to them, and sample off-policy, for as long as
         # the hits keep the blocks cached (logprobs 0.05 off on a 200-token prompt after one load; block size 128
-        # on CPU, 16 on GPU).
-        self.llm.reset_prefix_cache()
+        # on CPU, 16 on GPU). Requests running (a load between decode steps) are preempted and their keys and
+        # values recomputed with the new weights, as AReaL does: each later token is the new version's given its
+        # prefix, exactly.
+        self.llm.reset_prefix_cache(reset_running_requests=True)
 
     def read_weights(self) -> dict[str, torch.Tensor]:
         self.wake()

@@ -58,12 +58,14 @@ def check_work(work: queue_pb2.PromptWork, limits: WorkerLimits) -> str:
 
 
 def generate(state: EngineState, works: list[queue_pb2.PromptWork]) -> tuple[list[list[Sample] | str], int]:
-    """Samples of each item (or why the engine refused it) and the policy version that made them."""
+    """Samples of each item (or why the engine refused it) and the policy version they were started with (with
+    in-flight updates, each sample says which version made each token)."""
     requests = [Request(list(w.prompt_ids), w.num_samples, w.sampling) for w in works]
+    between_steps = state.between_steps if state.inflight else None
     with state.lock:
         version = state.policy_version
         try:
-            return state.engine.generate(requests), version
+            return state.engine.generate(requests, between_steps), version
         except Exception as batch_error:  # one bad request fails the whole call: find it, keep the others
             if len(requests) == 1:
                 return [f"engine refused the prompt: {type(batch_error).__name__}: {batch_error}"], version
@@ -102,7 +104,7 @@ def build_group(
         step=work.step,
         prompt_index=work.prompt_index,
         prompt_ids=work.prompt_ids,
-        policy_version=version,
+        policy_version=min((v for s in samples for v in s.versions), default=version),  # the oldest token's
         worker_id=state.worker_id,
         eval=work.eval,
         peak_mem_GiB=peak_mem_GiB(),
@@ -118,6 +120,8 @@ def build_group(
                 text=text,
                 reward_components=scored.components,
                 reward_errors=scored.errors,
+                # Only where a refit landed during the generation: otherwise every token is policy_version's.
+                token_versions=s.versions if len(set(s.versions)) > 1 else [],
             )
         )
     return group
@@ -207,7 +211,8 @@ def beat(queue: WorkQueue, state: EngineState, stop: threading.Event) -> threadi
         while not stop.is_set():
             try:
                 queue.heartbeat(state.worker_id, policy_version=state.policy_version, joining=state.behind,
-                                groups_done=state.num_groups_done, idle_s=round(state.idle_s, 3))  # fmt: skip
+                                groups_done=state.num_groups_done, idle_s=round(state.idle_s, 3),
+                                pause_s=round(state.pause_s, 4))  # fmt: skip
             except Exception as e:  # Redis restarting: the next beat reconnects
                 log.warning("heartbeat failed: %s", e)
             stop.wait(HEARTBEAT_EVERY_S)

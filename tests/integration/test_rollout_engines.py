@@ -72,3 +72,41 @@ def test_engine_logprobs_match_hf_before_and_after_a_weight_load(engine_name, ti
     if engine_name == "vllm_plain":  # every tensor reads back, fused q/k/v and gate/up rows included
         assert set(held) == set(new)
         assert all(torch.equal(held[k], new[k]) for k in new)
+
+
+def test_a_weight_load_between_decode_steps_gives_each_token_its_version_and_logprob(tiny_model, monkeypatch):
+    """Asynchronous GRPO's in-flight update: new weights loaded after the third decode step of a running call. The
+    first three tokens of every sample are the old version's, the rest the new one's, and each token's logprob is
+    its version's given the prompt and the tokens before it (the running requests' keys and values recomputed)."""
+    from transformers import AutoModelForCausalLM
+
+    from services.rollout.engine import Request, make_engine
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = make_engine(ENGINES["vllm"], str(tiny_model), seed=0)
+    old = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(1)
+    new = {n: torch.randn(t.shape, generator=g) * 0.05 for n, t in load_file(tiny_model / "model.safetensors").items()}
+    updated = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    updated.load_state_dict(new)
+    calls = []
+
+    def between_steps() -> int:
+        calls.append(len(calls))
+        if len(calls) == 4:  # once before the first step, then after each: this is after the third
+            engine.load_weights(sorted(new.items()))
+        return int(len(calls) >= 4)
+
+    prompts = [[2, 3, 4, 5], [30, 31, 54]]
+    sampling = queue_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8, ignore_eos=True, seed=7)
+    outs = engine.generate([Request(p, 4, sampling) for p in prompts], between_steps)
+    for prompt, samples in zip(prompts, outs):
+        assert len(samples) == 4
+        for s in samples:
+            assert s.versions == [0, 0, 0, 1, 1, 1, 1, 1]
+            got = torch.tensor(s.logprobs)
+            assert (got[:3] - _reference_logprobs(old, prompt, s.token_ids)[:3]).abs().max() < 1e-4
+            assert (got[3:] - _reference_logprobs(updated, prompt, s.token_ids)[3:]).abs().max() < 1e-4
+    # The same engine, called as a synchronous step calls it, is the new version's throughout.
+    assert _max_diff(engine, updated, prompts) < 1e-4

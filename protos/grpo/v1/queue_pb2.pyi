@@ -55,7 +55,7 @@ class PromptWork(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., policy_version: _Optional[int] = ..., task: _Optional[_Union[TaskSpec, _Mapping]] = ..., eval: _Optional[bool] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("trajectory_id", "response_ids", "logprobs", "reward", "finish_reason", "text", "reward_components", "reward_errors")
+    __slots__ = ("trajectory_id", "response_ids", "logprobs", "reward", "finish_reason", "text", "reward_components", "reward_errors", "token_versions")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class Trajectory(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     response_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -79,7 +80,8 @@ class Trajectory(_message.Message):
     text: str
     reward_components: _containers.ScalarMap[str, float]
     reward_errors: int
-    def __init__(self, trajectory_id: _Optional[str] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ...) -> None: ...
+    token_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, trajectory_id: _Optional[str] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., token_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
     __slots__ = ("run_id", "step", "prompt_index", "prompt_ids", "policy_version", "trajectories", "worker_id", "generation_s", "error", "eval", "peak_mem_GiB")
