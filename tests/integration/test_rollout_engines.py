@@ -110,3 +110,59 @@ def test_a_weight_load_between_decode_steps_gives_each_token_its_version_and_log
             assert (got[3:] - _reference_logprobs(updated, prompt, s.token_ids)[3:]).abs().max() < 1e-4
     # The same engine, called as a synchronous step calls it, is the new version's throughout.
     assert _max_diff(engine, updated, prompts) < 1e-4
+
+
+def test_a_refit_that_arrives_during_a_generation_is_loaded_between_its_steps(tiny_model, monkeypatch):
+    """The worker's side of an in-flight update: the RPC thread's verified load waits while the worker generates,
+    the generating thread loads it at its next step boundary, the RPC returns its result, and the group built
+    from the call is as old as its oldest token and says which token came from which version."""
+    import threading
+    import time
+
+    from services.common.config import load_config
+    from services.common.rewards import RewardRunner
+    from services.common.tokenizer import Vocab
+    from services.rollout.engine import make_engine
+    from services.rollout.servicer import EngineState
+    from services.rollout.worker import build_group, generate
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = make_engine(ENGINES["vllm"], str(tiny_model), seed=0)
+    state = EngineState(engine, "w", "vllm", inflight=True)
+    g = torch.Generator().manual_seed(1)
+    new = {n: torch.randn(t.shape, generator=g) * 0.05 for n, t in load_file(tiny_model / "model.safetensors").items()}
+    hook, calls = state.between_steps, []
+
+    def held_at_the_third_call() -> int:  # the refit is sure to arrive mid-generation, after two decode steps
+        calls.append(1)
+        deadline = time.monotonic() + 60
+        while len(calls) == 3 and not state._waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return hook()
+
+    state.between_steps = held_at_the_third_call
+    sampling = queue_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8, ignore_eos=True, seed=7)
+    work = queue_pb2.PromptWork(run_id="r", step=1, prompt_ids=[2, 3, 4, 5], num_samples=2, sampling=sampling)
+    out = []
+    generating = threading.Thread(target=lambda: out.append(generate(state, [work])))
+    generating.start()
+    while len(calls) < 3 and generating.is_alive():
+        time.sleep(0.001)
+
+    def load() -> str:
+        engine.load_weights(sorted(new.items()))
+        state.policy_version = 1
+        return "loaded"
+
+    assert state.apply(load) == "loaded"
+    generating.join(60)
+    [samples], started_with = out[0]
+    assert started_with == 0 and state.pause_s > 0
+    assert [s.versions for s in samples] == [[0, 0, 1, 1, 1, 1, 1, 1]] * 2
+
+    cfg = load_config(None, [])
+    rewards = RewardRunner(cfg.task.reward_weights(), cfg.task.reward_timeout_s)
+    group = build_group(work, samples, started_with, state, Vocab.from_model_dir(str(tiny_model)), rewards)
+    assert group.policy_version == 0
+    assert [list(t.token_versions) for t in group.trajectories] == [[0, 0, 1, 1, 1, 1, 1, 1]] * 2
