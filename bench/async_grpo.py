@@ -12,6 +12,13 @@ seconds, and the rollout worker's idle share of the steps. bound_s is the most a
 synchronous run's medians: the larger of generation and training + refit. time_to_reward_ratio_async_1 is the time
 the eta = 1 run needed to reach the synchronous run's final reward (its mean over the last 3 steps), over the
 synchronous run's time to it.
+
+--eval-target A (the real task: the config's held-out evaluation kept, e.g. every 10 steps) adds each run's held-out
+accuracy against training seconds and time_to_accuracy_ratio_async_1: the seconds the eta = 1 run needed for a
+held-out accuracy of A over the synchronous run's. --settings picks the etas (default 0 1 2).
+
+    .venv/bin/python bench/async_grpo.py --config deploy/configs/vs_trl_arithmetic.toml --steps 60 --settings 0 1 \
+        --eval-target 0.5 --pin --out bench/results/async_cpu_accuracy.json
 """
 
 from __future__ import annotations
@@ -81,8 +88,22 @@ def run(config: Path, overrides: list[str], work: Path, name: str, pinning: bool
 
 
 def read_rows(run_dir: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    """The run's rows: its steps, and its held-out evaluations (a row with eval/accuracy; the step-0 one has no
+    step timings)."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def steps_of(rows: list[dict]) -> list[dict]:
     return [r for r in rows if "timing/total_s" in r]
+
+
+def accuracy_curve(rows: list[dict]) -> list[tuple[float, float]]:
+    """(training seconds, held-out accuracy) per evaluation; the step-0 one is at 0 s."""
+    return [(round(r.get("time/train_s", 0.0), 2), round(r["eval/accuracy"], 4)) for r in rows if "eval/accuracy" in r]
+
+
+def first_at(curve: list[tuple[float, float]], target: float) -> float | None:
+    return next((t for t, a in curve if a >= target), None)
 
 
 def median(rows: list[dict], key: str) -> float:
@@ -102,8 +123,9 @@ def time_to(curve: list[tuple[float, float]], target: float, window: int = 3) ->
     return None
 
 
-def summary(rounds: dict[int, list[list[dict]]]) -> dict:
-    out: dict = {}
+def summary(runs: dict[int, list[list[dict]]], eval_target: float | None = None) -> dict:
+    out: dict = accuracy_summary(runs, eval_target) if eval_target is not None else {}
+    rounds = {eta: [steps_of(rows) for rows in rs] for eta, rs in runs.items()}
     sync = [r for rows in rounds[0] for r in rows]
     gen, train = median(sync, "timing/generation_s"), median(sync, "timing/policy_training_s")
     refit, logprobs = median(sync, "timing/refit_s"), median(sync, "timing/logprobs_s")
@@ -125,6 +147,7 @@ def summary(rounds: dict[int, list[list[dict]]]) -> dict:
             out[f"rollout_idle_frac_{key}"] = round(idle, 4)
             out[f"staleness_mean_{key}"] = round(statistics.fmean(r["async/staleness_mean"] for r in rows), 4)
             out[f"dropped_stale_{key}"] = sum(r["async/dropped_stale"] for r in rows)
+            out[f"rollout_pause_s_median_{key}"] = round(median(rows, "async/rollout_pause_s"), 4)
         if eta == 1:
             for sync_rows, async_rows in zip(rounds[0], rs):
                 t_sync, t_async = time_to(reward_curve(sync_rows), target), time_to(reward_curve(async_rows), target)
@@ -133,6 +156,26 @@ def summary(rounds: dict[int, list[list[dict]]]) -> dict:
     known = [r for r in ratios if r is not None]
     out["time_to_reward_ratio_async_1"] = round(statistics.median(known), 3) if known else None
     out["medians_sync"] = {"generation_s": gen, "policy_training_s": train, "logprobs_s": logprobs, "refit_s": refit}
+    return out
+
+
+def accuracy_summary(runs: dict[int, list[list[dict]]], target: float) -> dict:
+    """Held-out accuracy against training seconds: each setting's seconds to `target`, final accuracy, and the
+    eta = 1 run's time to it over the synchronous run's (per round, then their median)."""
+    out: dict = {"eval_target": target}
+    for eta, rs in runs.items():
+        key = "sync" if eta == 0 else f"async_{eta}"
+        curves = [accuracy_curve(rows) for rows in rs]
+        out[f"seconds_to_accuracy_{key}"] = [first_at(c, target) for c in curves]
+        out[f"final_accuracy_{key}"] = [c[-1][1] if c else None for c in curves]
+    if 1 in runs:
+        ratios = [
+            None if s is None or a is None else round(a / s, 3)
+            for s, a in zip(out["seconds_to_accuracy_sync"], out["seconds_to_accuracy_async_1"])
+        ]
+        known = [r for r in ratios if r is not None]
+        out["time_to_accuracy_ratio_async_1_per_round"] = ratios
+        out["time_to_accuracy_ratio_async_1"] = round(statistics.median(known), 3) if known else None
     return out
 
 
@@ -145,25 +188,32 @@ def main() -> int:
     parser.add_argument("--args", nargs="*", default=[], help="extra overrides for every run")
     parser.add_argument("--out", required=True)
     parser.add_argument("--from-dir", help="summarise the runs already in this folder (eta<E>_<round>/) instead")
+    parser.add_argument("--settings", type=int, nargs="+", default=list(SETTINGS), help="the etas; 0 must be one")
+    parser.add_argument("--eval-target", type=float, help="keep the config's held-out evaluation; time to this")
     args = parser.parse_args()
-    base = [f"run.num_steps={args.steps}", "run.train_minutes=0", "run.eval_every=0", "run.save_every=0", *args.args]
+    if 0 not in args.settings:
+        parser.error("--settings must include 0, the synchronous baseline")
+    evals = [] if args.eval_target is not None else ["run.eval_every=0"]
+    base = [f"run.num_steps={args.steps}", "run.train_minutes=0", *evals, "run.save_every=0", *args.args]
     work = Path(args.from_dir or tempfile.mkdtemp(prefix="async-"))
     print(f"runs in {work}", flush=True)
-    rounds: dict[int, list[list[dict]]] = {eta: [] for eta in SETTINGS}
+    rounds: dict[int, list[list[dict]]] = {eta: [] for eta in args.settings}
     curves: dict[str, list] = {}
     for i in range(args.rounds):
-        for eta in SETTINGS:
+        for eta in args.settings:
             if args.from_dir:
                 rows = read_rows(Path(args.from_dir) / f"eta{eta}_{i}")
             else:
                 overrides = [*base, f"coordinator.max_staleness={eta}"]
                 rows = run(Path(args.config), overrides, work, f"eta{eta}_{i}", args.pin)
             rounds[eta].append(rows)
-            curves[f"eta{eta}_round{i}"] = reward_curve(rows)
-            print(f"eta={eta} round {i}: step {median(rows, 'timing/total_s')} s", flush=True)
+            curves[f"eta{eta}_round{i}"] = reward_curve(steps_of(rows))
+            if args.eval_target is not None:
+                curves[f"eta{eta}_round{i}_accuracy"] = accuracy_curve(rows)
+            print(f"eta={eta} round {i}: step {median(steps_of(rows), 'timing/total_s')} s", flush=True)
     result = {
         "config": args.config,
-        **summary(rounds),
+        **summary(rounds, args.eval_target),
         "steps_per_run": args.steps,
         "rounds": args.rounds,
         "pinned": args.pin,

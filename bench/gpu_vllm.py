@@ -23,6 +23,7 @@ import argparse
 import json
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -52,7 +53,12 @@ VARIANTS = {
     "vllm_eos_fp32_trainer": ["rollout.engine=vllm", "coordinator.ignore_eos=false", 'trainer.dtype="float32"'],
     # `vllm` with each response packed with its own copy of the prompt (trainer.fsdp2.share_prompts=false).
     "vllm_unshared": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "trainer.fsdp2.share_prompts=false"],
+    # Asynchronous GRPO (coordinator.max_staleness = eta): the worker generates while the trainer trains on the same
+    # GPU, and loads each refit between two decode steps (in-flight updates); `vllm` is its synchronous baseline.
+    "vllm_async_1": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "coordinator.max_staleness=1"],
+    "vllm_async_2": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0", "coordinator.max_staleness=2"],
 }
+ASYNC_KEYS = ("async/staleness_mean", "async/trainer_idle_s", "async/rollout_idle_s", "async/rollout_pause_s")
 APPLIED = re.compile(
     r"version (\d+) applied in ([\d.]+)s: received and verified ([\d.]+)s, waited for the engine ([\d.]+)s, "
     r"loaded ([\d.]+)s, read back (\d+) tensors ([\d.]+)s"
@@ -119,7 +125,7 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
     keys = (
         "step", "timing/total_s", "timing/policy_training_s", "timing/refit_s", "timing/generation_s",
         "timing/logprobs_s", "avg_generated_tokens", "mismatch/mult_prob_error", "refit/bytes", "refit/GBps",
-        "peak_mem_GiB", "rollout/peak_mem_GiB",
+        "peak_mem_GiB", "rollout/peak_mem_GiB", *ASYNC_KEYS,
     )  # fmt: skip
     table = [{k: r.get(k) for k in keys} for r in rows]
     refits = {r["step"]: r for r in map(json.loads, (run_dir / "refits.jsonl").read_text().splitlines())}
@@ -140,11 +146,19 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
     nbytes = rows[-1]["refit/bytes"]
     refit_s = _mean([r["timing/refit_s"] for r in steady])
     load_s = _mean([a["load_s"] for a in applied[1:] or applied])
+    # One worker, one refit a step: a step's pause is that refit's, 0 where it landed while no generation ran (it
+    # paused nothing, and is left out of the median).
+    pauses = [r["async/rollout_pause_s"] for r in steady if r.get("async/rollout_pause_s")]
     return {
         "steps": table,
         "engine_applied": applied,
         "refit_marks": marks,
         "step_s": _mean([r["timing/total_s"] for r in steady]),
+        "step_s_median": statistics.median(r["timing/total_s"] for r in steady),
+        "rollout_pause_s_median": statistics.median(pauses) if pauses else None,
+        "rollout_pause_s_inflight": pauses,
+        "rollout_idle_s": _mean([r.get("async/rollout_idle_s", 0.0) for r in steady]),
+        "trainer_idle_s": _mean([r.get("async/trainer_idle_s", 0.0) for r in steady]),
         "generation_s": _mean([r["timing/generation_s"] for r in steady]),
         "policy_training_s": _mean([r["timing/policy_training_s"] for r in steady]),
         "refit_s": refit_s,
@@ -158,6 +172,30 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
         "gpu_peak_mem_GiB": {str(k): v / 1024 for k, v in sorted(peak_MiB.items())},
         "wall_s": wall_s,
     }
+
+
+def async_keys(variants: dict) -> dict:
+    """bench/results/async_gpu.json's keys, where the run had `vllm` and an asynchronous variant: median steady steps,
+    bound_s (the larger of generation and training + logprobs + refit, from the synchronous run), the in-flight
+    pause per refit."""
+    sync = variants.get("vllm", {})
+    if not sync.get("steps") or not any(f"vllm_async_{eta}" in variants for eta in (1, 2)):
+        return {}
+    steady = sync["steps"][1:] or sync["steps"]
+    gen = statistics.median(r["timing/generation_s"] for r in steady)
+    rest = statistics.median(
+        r["timing/policy_training_s"] + (r["timing/logprobs_s"] or 0.0) + r["timing/refit_s"] for r in steady
+    )
+    out = {"step_s_sync": sync["step_s_median"], "bound_s": max(gen, rest)}
+    for eta in (1, 2):
+        x = variants.get(f"vllm_async_{eta}", {})
+        out[f"step_s_async_{eta}"] = x.get("step_s_median")
+        out[f"rollout_pause_s_median_async_{eta}"] = x.get("rollout_pause_s_median")
+        out[f"rollout_idle_frac_async_{eta}"] = (
+            x["rollout_idle_s"] / x["step_s"] if x.get("step_s") and x.get("rollout_idle_s") is not None else None
+        )
+    out["rollout_pause_s_median"] = out["rollout_pause_s_median_async_1"]
+    return out
 
 
 def result(variants: dict, args, copy_GBps: float) -> dict:
@@ -186,7 +224,9 @@ def result(variants: dict, args, copy_GBps: float) -> dict:
                 "gpu_total": x["gpu_peak_mem_GiB"],
             }
             for name, x in variants.items()
+            if "error" not in x
         },
+        **async_keys(variants),
         "hbm_copy_GBps": copy_GBps,
         "rollout_bench": rollout,
         "variants": variants,

