@@ -13,12 +13,13 @@ synchronous run's medians: the larger of generation and training + refit. time_t
 the eta = 1 run needed to reach the synchronous run's final reward (its mean over the last 3 steps), over the
 synchronous run's time to it.
 
---eval-target A (the real task: the config's held-out evaluation kept, e.g. every 10 steps) adds each run's held-out
-accuracy against training seconds and time_to_accuracy_ratio_async_1: the seconds the eta = 1 run needed for a
-held-out accuracy of A over the synchronous run's. --settings picks the etas (default 0 1 2).
+--eval-target A [B ...] (the real task: the config's held-out evaluation kept, e.g. every 10 steps) adds each run's
+held-out accuracy against training seconds and, per target, time_to_accuracy_ratio_<A>_async_1: the training
+seconds the eta = 1 run needed for a held-out accuracy of A over the synchronous run's. --settings picks the etas
+(default 0 1 2).
 
     .venv/bin/python bench/async_grpo.py --config deploy/configs/vs_trl_arithmetic.toml --steps 60 --settings 0 1 \
-        --eval-target 0.5 --pin --out bench/results/async_cpu_accuracy.json
+        --eval-target 0.5 0.44 --pin --out bench/results/async_cpu_accuracy.json
 """
 
 from __future__ import annotations
@@ -123,8 +124,8 @@ def time_to(curve: list[tuple[float, float]], target: float, window: int = 3) ->
     return None
 
 
-def summary(runs: dict[int, list[list[dict]]], eval_target: float | None = None) -> dict:
-    out: dict = accuracy_summary(runs, eval_target) if eval_target is not None else {}
+def summary(runs: dict[int, list[list[dict]]], eval_targets: list[float] | None = None) -> dict:
+    out: dict = accuracy_summary(runs, eval_targets) if eval_targets else {}
     rounds = {eta: [steps_of(rows) for rows in rs] for eta, rs in runs.items()}
     sync = [r for rows in rounds[0] for r in rows]
     gen, train = median(sync, "timing/generation_s"), median(sync, "timing/policy_training_s")
@@ -159,23 +160,27 @@ def summary(runs: dict[int, list[list[dict]]], eval_target: float | None = None)
     return out
 
 
-def accuracy_summary(runs: dict[int, list[list[dict]]], target: float) -> dict:
-    """Held-out accuracy against training seconds: each setting's seconds to `target`, final accuracy, and the
-    eta = 1 run's time to it over the synchronous run's (per round, then their median)."""
-    out: dict = {"eval_target": target}
-    for eta, rs in runs.items():
-        key = "sync" if eta == 0 else f"async_{eta}"
-        curves = [accuracy_curve(rows) for rows in rs]
-        out[f"seconds_to_accuracy_{key}"] = [first_at(c, target) for c in curves]
-        out[f"final_accuracy_{key}"] = [c[-1][1] if c else None for c in curves]
+def accuracy_summary(runs: dict[int, list[list[dict]]], targets: list[float]) -> dict:
+    """Held-out accuracy against training seconds: each setting's final accuracy and, per target, its seconds to
+    it (a list over rounds; None where never reached) and the eta = 1 run's time over the synchronous run's (the
+    median over rounds). The first target's ratio is also time_to_accuracy_ratio_async_1."""
+    out: dict = {"eval_targets": targets}
+    curves = {eta: [accuracy_curve(rows) for rows in rs] for eta, rs in runs.items()}
+    for eta, cs in curves.items():
+        out[f"final_accuracy_{'sync' if eta == 0 else f'async_{eta}'}"] = [c[-1][1] if c else None for c in cs]
+    for target in targets:
+        for eta, cs in curves.items():
+            key = "sync" if eta == 0 else f"async_{eta}"
+            out[f"seconds_to_accuracy_{target}_{key}"] = [first_at(c, target) for c in cs]
+        if 1 in runs:
+            ratios = [
+                None if s is None or a is None else round(a / s, 3)
+                for s, a in zip(out[f"seconds_to_accuracy_{target}_sync"], out[f"seconds_to_accuracy_{target}_async_1"])
+            ]
+            known = [r for r in ratios if r is not None]
+            out[f"time_to_accuracy_ratio_{target}_async_1"] = round(statistics.median(known), 3) if known else None
     if 1 in runs:
-        ratios = [
-            None if s is None or a is None else round(a / s, 3)
-            for s, a in zip(out["seconds_to_accuracy_sync"], out["seconds_to_accuracy_async_1"])
-        ]
-        known = [r for r in ratios if r is not None]
-        out["time_to_accuracy_ratio_async_1_per_round"] = ratios
-        out["time_to_accuracy_ratio_async_1"] = round(statistics.median(known), 3) if known else None
+        out["time_to_accuracy_ratio_async_1"] = out[f"time_to_accuracy_ratio_{targets[0]}_async_1"]
     return out
 
 
@@ -189,11 +194,13 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--from-dir", help="summarise the runs already in this folder (eta<E>_<round>/) instead")
     parser.add_argument("--settings", type=int, nargs="+", default=list(SETTINGS), help="the etas; 0 must be one")
-    parser.add_argument("--eval-target", type=float, help="keep the config's held-out evaluation; time to this")
+    parser.add_argument(
+        "--eval-target", type=float, nargs="+", help="keep the config's held-out evaluation; the seconds to these"
+    )
     args = parser.parse_args()
     if 0 not in args.settings:
         parser.error("--settings must include 0, the synchronous baseline")
-    evals = [] if args.eval_target is not None else ["run.eval_every=0"]
+    evals = [] if args.eval_target else ["run.eval_every=0"]
     base = [f"run.num_steps={args.steps}", "run.train_minutes=0", *evals, "run.save_every=0", *args.args]
     work = Path(args.from_dir or tempfile.mkdtemp(prefix="async-"))
     print(f"runs in {work}", flush=True)
@@ -208,7 +215,7 @@ def main() -> int:
                 rows = run(Path(args.config), overrides, work, f"eta{eta}_{i}", args.pin)
             rounds[eta].append(rows)
             curves[f"eta{eta}_round{i}"] = reward_curve(steps_of(rows))
-            if args.eval_target is not None:
+            if args.eval_target:
                 curves[f"eta{eta}_round{i}_accuracy"] = accuracy_curve(rows)
             print(f"eta={eta} round {i}: step {median(steps_of(rows), 'timing/total_s')} s", flush=True)
     result = {
