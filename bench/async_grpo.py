@@ -148,7 +148,10 @@ def summary(runs: dict[int, list[list[dict]]], eval_targets: list[float] | None 
             out[f"rollout_idle_frac_{key}"] = round(idle, 4)
             out[f"staleness_mean_{key}"] = round(statistics.fmean(r["async/staleness_mean"] for r in rows), 4)
             out[f"dropped_stale_{key}"] = sum(r["async/dropped_stale"] for r in rows)
-            out[f"rollout_pause_s_median_{key}"] = round(median(rows, "async/rollout_pause_s"), 4)
+            # Refits that landed during a generation (in-flight); the others paused nothing.
+            pauses = [r["async/rollout_pause_s"] for r in rows if r.get("async/rollout_pause_s")]
+            out[f"rollout_pauses_{key}"] = len(pauses)
+            out[f"rollout_pause_s_median_{key}"] = round(statistics.median(pauses), 4) if pauses else None
         if eta == 1:
             for sync_rows, async_rows in zip(rounds[0], rs):
                 t_sync, t_async = time_to(reward_curve(sync_rows), target), time_to(reward_curve(async_rows), target)
