@@ -117,8 +117,9 @@ class SyncBatches:
             runs = [(i, 1, 0.0)] + ([(n + i, k, self.cfg.coordinator.temperature)] if k else [])
             items += [self._work(step, index, p, num, temperature, held_out=True) for index, num, temperature in runs]
         cursor = self.queue.trajectories_tail()
-        self.queue.enqueue(items)
-        return self.collect(step, cursor, items, held_out=True)
+        self.queue.enqueue(items)  # a prompt's greedy and sampled runs side by side, for the worker's prefix cache
+        groups = dict(zip((item.prompt_index for item in items), self.collect(step, cursor, items, held_out=True)))
+        return [groups[i] for i in range(len(items))]  # every greedy one, then every sampled one
 
     def sampling(self, step: int, index: int, temperature: float) -> queue_pb2.SamplingParams:
         c = self.cfg.coordinator

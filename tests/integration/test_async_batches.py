@@ -70,7 +70,7 @@ class ScriptedWorker:
             for entry_id, work in queue.claim_batch("w", max_sequences=2, block_ms=50, lease_timeout_s=60):
                 g = queue_pb2.TrajectoryGroup(
                     run_id=work.run_id, step=work.step, prompt_index=work.prompt_index, prompt_ids=work.prompt_ids,
-                    policy_version=self.version, worker_id="w",
+                    policy_version=self.version, worker_id="w", eval=work.eval,
                 )  # fmt: skip
                 if work.task.prompt in self.reject:
                     g.error = "refused"
@@ -209,3 +209,17 @@ def test_dynamic_sampling_stops_refilling_at_its_budget(redis_url, tiny_model, w
     batch = source.take(1)
     assert batch.num_refilled == source.cfg.coordinator.dynamic_sampling_max_extra * NUM_PROMPTS
     assert len(batch.groups) == NUM_PROMPTS  # completed with groups that train nothing, not a step that hangs
+
+
+@pytest.mark.parametrize("eta", [0, 1])
+def test_held_out_groups_come_back_greedy_first_then_sampled_in_prompt_order(redis_url, tiny_model, worker_for, eta):
+    """evaluate() reads the first n as the greedy runs of the n held-out prompts and the rest as their k samples; the
+    items go out interleaved (a prompt's two runs side by side), and the groups must not come back so."""
+    source = _source(redis_url, tiny_model, eta)
+    worker_for(source)
+    n, prompts = 3, PromptFeed(source.cfg, None).take(3)  # the toy task holds none out; any prompts will do
+    groups = source.held_out(1, prompts, k=2)
+    assert [g.prompt_index for g in groups] == list(range(2 * n))
+    assert all(g.eval for g in groups)
+    assert [len(g.trajectories) for g in groups] == [1] * n + [2] * n
+    assert [g.prompt_ids for g in groups[:n]] == [g.prompt_ids for g in groups[n:]]
