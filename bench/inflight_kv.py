@@ -35,7 +35,8 @@ from vs_trl import provenance  # noqa: E402 - bench/ is this script's own folder
 
 from protos.grpo.v1 import queue_pb2  # noqa: E402
 from services.common.config import RolloutSection  # noqa: E402
-from services.rollout.engine import Request, make_engine  # noqa: E402
+from services.rollout.engine import Request  # noqa: E402
+from services.rollout.engines import make_engine  # noqa: E402
 
 
 def prompts_of(tokenizer, n: int, seed: int) -> list[list[int]]:

@@ -137,7 +137,8 @@ def _run(queue, work: list[queue_pb2.PromptWork], check_alive, timeout_s: float)
 
 def _raw_engine(cfg: RunConfig, work: list[queue_pb2.PromptWork]):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_GiB))
-    from services.rollout.engine import Request, make_engine
+    from services.rollout.engine import Request
+    from services.rollout.engines import make_engine
 
     engine = make_engine(cfg.rollout, cfg.model.path, cfg.run.seed, cfg.model.lm_head_fp32)
     return engine, [Request(list(w.prompt_ids), w.num_samples, w.sampling) for w in work]

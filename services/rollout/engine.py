@@ -9,7 +9,6 @@ from typing import Protocol
 import torch
 
 from protos.grpo.v1 import queue_pb2
-from services.common.config import RolloutSection
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,16 +52,3 @@ class Engine(Protocol):
 
     def sleep(self) -> None:
         """Free what the engine can while it has no work (the trainer trains); the next call wakes it."""
-
-
-def make_engine(cfg: RolloutSection, model_path: str, seed: int, lm_head_fp32: bool = True) -> Engine:
-    """lm_head_fp32: model.lm_head_fp32 (the logits of a bf16 engine computed in fp32, as the trainer's)."""
-    if cfg.engine == "vllm":
-        from .vllm_engine import VllmEngine
-
-        return VllmEngine(model_path, seed=seed, cfg=cfg, lm_head_fp32=lm_head_fp32)
-    if cfg.engine == "hf":
-        from .hf_engine import HFEngine
-
-        return HFEngine(model_path, seed=seed, lm_head_fp32=lm_head_fp32)
-    raise ValueError(f"rollout.engine must be one of 'vllm', 'hf'; got {cfg.engine!r}")

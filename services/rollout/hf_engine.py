@@ -5,13 +5,15 @@ from __future__ import annotations
 import torch
 
 from protos.grpo.v1 import queue_pb2
+from services.common.config import RolloutSection
 
 from .engine import Request, Sample
 from .vllm_ext import copy_into
 
 
 class HFEngine:
-    def __init__(self, model_path: str, seed: int, lm_head_fp32: bool = True):
+    def __init__(self, model_path: str, seed: int, cfg: RolloutSection | None = None, lm_head_fp32: bool = True):
+        """cfg: the rollout section, as every engine takes it (engines.make_engine); this one has no options in it."""
         from transformers import AutoModelForCausalLM
 
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -22,7 +22,7 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rollout-{worker_index} %(levelname)s %(message)s")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.rollout.kv_cache_GiB))
     stop = stop_event()
-    from .engine import make_engine
+    from .engines import make_engine
 
     engine = make_engine(cfg.rollout, cfg.model.path, cfg.run.seed + worker_index, cfg.model.lm_head_fp32)
     worker_id = f"rollout-{worker_index}@{socket.gethostname()}:{os.getpid()}"

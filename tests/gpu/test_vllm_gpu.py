@@ -33,7 +33,7 @@ def model_dir(tmp_path_factory):
 def engine(model_dir):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    from services.rollout.engine import make_engine
+    from services.rollout.engines import make_engine
 
     cfg = RolloutSection(
         engine="vllm",

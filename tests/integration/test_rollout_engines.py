@@ -48,7 +48,7 @@ ENGINES = {
 def test_engine_logprobs_match_hf_before_and_after_a_weight_load(engine_name, tiny_model, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from services.rollout.engine import make_engine
+    from services.rollout.engines import make_engine
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -95,7 +95,7 @@ def test_a_tied_lm_head_gives_the_loaded_weights_logits(tied_tiny_model, monkeyp
     SmolLM2 after an embedding change of 2e-3)."""
     from transformers import AutoModelForCausalLM
 
-    from services.rollout.engine import make_engine
+    from services.rollout.engines import make_engine
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -116,7 +116,8 @@ def test_a_weight_load_between_decode_steps_gives_each_token_its_version_and_log
     its version's given the prompt and the tokens before it (the running requests' keys and values recomputed)."""
     from transformers import AutoModelForCausalLM
 
-    from services.rollout.engine import Request, make_engine
+    from services.rollout.engine import Request
+    from services.rollout.engines import make_engine
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -158,7 +159,7 @@ def test_a_refit_that_arrives_during_a_generation_is_loaded_between_its_steps(ti
     from services.common.config import load_config
     from services.common.rewards import RewardRunner
     from services.common.tokenizer import Vocab
-    from services.rollout.engine import make_engine
+    from services.rollout.engines import make_engine
     from services.rollout.servicer import EngineState
     from services.rollout.worker import build_group, generate
 

@@ -17,7 +17,7 @@ def engine_state(tiny_model):
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from services.rollout.engine import make_engine
+    from services.rollout.engines import make_engine
     from services.rollout.servicer import EngineState
 
     engine = make_engine(RolloutSection(engine="vllm", max_model_len=64), str(tiny_model), seed=0)
