@@ -35,22 +35,16 @@ from vs_trl import provenance  # noqa: E402 - bench/ is this script's own folder
 
 from protos.grpo.v1 import queue_pb2  # noqa: E402
 from services.common.config import RolloutSection  # noqa: E402
+from services.common.tasks import Prompt, PromptRenderer  # noqa: E402
 from services.rollout.engine import Request  # noqa: E402
 from services.rollout.engines import make_engine  # noqa: E402
 
 
-def prompts_of(tokenizer, n: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        a, b = rng.randint(1, 99), rng.randint(1, 99)
-        messages = [
-            {"role": "system", "content": "Answer with only the final number."},
-            {"role": "user", "content": f"What is {a} + {b}?"},
-        ]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
-    return out
+def prompts_of(model: str, n: int, seed: int) -> list[list[int]]:
+    """n arithmetic prompts as the rollout sees them (the task's renderer: chat template and system prompt)."""
+    renderer, rng = PromptRenderer(model, "Answer with only the final number."), random.Random(seed)
+    questions = [(rng.randint(1, 99), rng.randint(1, 99)) for _ in range(n)]
+    return [renderer.ids(Prompt(f"What is {a} + {b}?", str(a + b))) for a, b in questions]
 
 
 @torch.no_grad()
@@ -89,7 +83,7 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     torch.manual_seed(0)
@@ -102,7 +96,7 @@ def main() -> int:
     new_named = sorted(new_state.items())
 
     engine = make_engine(RolloutSection(engine="vllm"), args.model, seed=0)
-    prompts = prompts_of(AutoTokenizer.from_pretrained(args.model), args.prompts, seed=0)
+    prompts = prompts_of(args.model, args.prompts, seed=0)
     sampling = queue_pb2.SamplingParams(
         temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, ignore_eos=True, seed=11
     )
