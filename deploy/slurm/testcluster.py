@@ -222,10 +222,33 @@ def down(folder: Path) -> list[str]:
         pidfile.unlink()
     if (folder / "tag").exists():
         tag, n = (folder / "tag").read_text().split()
-        for host in ("ctl", *(f"node{i}" for i in range(1, int(n) + 1)), "sw"):
-            subprocess.run(["ip", "netns", "del", f"{tag}-{host}"], capture_output=True)
+        names = [f"{tag}-{host}" for host in ("ctl", *(f"node{i}" for i in range(1, int(n) + 1)), "sw")]
+        stopped += _kill_inside(names)
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
         (folder / "tag").unlink()
     return stopped
+
+
+def _kill_inside(names: list[str]) -> list[str]:
+    """SIGKILL every process still in one of the named network namespaces: a job's steps (slurmstepd and what it
+    runs) outlive the slurmd that started them, and a deleted namespace's processes would run on unseen."""
+    inodes = {}
+    for name in names:
+        try:
+            inodes[os.stat(f"/run/netns/{name}").st_ino] = name
+        except OSError:
+            continue
+    killed = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            inside = inodes.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
+            if inside and _alive(int(pid)):
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(f"{pid} in {inside}")
+        except (OSError, ValueError):
+            continue
+    return killed
 
 
 def _alive(pid: int) -> bool:

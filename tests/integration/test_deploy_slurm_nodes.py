@@ -8,6 +8,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -27,7 +29,10 @@ def cluster(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cluster")
     c = testcluster.up(folder, num_nodes=3)
     yield c
+    stray = subprocess.Popen(c.command("node2", "sleep", "600"), start_new_session=True)  # as a job step would
+    time.sleep(1)
     testcluster.down(folder)
+    assert stray.wait(timeout=10) == -signal.SIGKILL, "a process left running in a node's network"
     assert not [ns for ns in os.listdir("/run/netns") if ns.startswith(c.tag)], "namespaces left behind"
 
 
@@ -56,7 +61,7 @@ def _job_listed(c, job_id: str) -> bool:
     return bool(c.run("ctl", "squeue", "--noheader", f"--jobs={job_id}").stdout.strip())
 
 
-def _ours(run_dir: Path) -> dict[int, str]:
+def _ours(c: testcluster.TestCluster, run_dir: Path) -> dict[int, str]:
     """Live processes whose command line names run_dir: pid -> the cluster host whose network they are in."""
     found = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -67,12 +72,13 @@ def _ours(run_dir: Path) -> dict[int, str]:
         except OSError:
             continue
         if str(run_dir) in cmdline and state != "Z" and int(pid) != os.getpid():
-            found[int(pid)] = next((h for h, ino in _netns().items() if ino == net), "the machine") + " " + cmdline
+            found[int(pid)] = next((h for h, ino in _netns(c).items() if ino == net), "the machine") + " " + cmdline
     return found
 
 
-def _netns() -> dict[str, int]:
-    return {ns.split("-", 1)[1]: os.stat(f"/run/netns/{ns}").st_ino for ns in os.listdir("/run/netns") if "-" in ns}
+def _netns(c: testcluster.TestCluster) -> dict[str, int]:
+    """This cluster's hosts -> their network namespace's inode (never another cluster's namespaces of one name)."""
+    return {host: os.stat(f"/run/netns/{c.netns(host)}").st_ino for host in ("ctl", *c.nodes)}
 
 
 def _diagnostics(run_dir: Path) -> str:
@@ -97,7 +103,7 @@ def test_a_batch_job_spans_three_nodes_to_the_end_and_leaves_nothing(cluster, tm
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert 'host = "node2"' in (run_dir / "config.toml").read_text()  # every address by hostname
     _make(cluster, "down", f"run.output_dir={out_dir}")
-    assert not list((out_dir / ".up").glob("*.json")) and not _ours(run_dir)
+    assert not list((out_dir / ".up").glob("*.json")) and not _ours(cluster, run_dir)
 
 
 def test_a_worker_killed_on_its_node_is_restarted_there_and_make_down_stops_every_node(cluster, tmp_path):
@@ -108,7 +114,7 @@ def test_a_worker_killed_on_its_node_is_restarted_there_and_make_down_stops_ever
     _wait_for(lambda: metrics.exists() and metrics.read_text(), 300, "no step", lambda: _diagnostics(run_dir))
 
     def worker() -> list[tuple[int, str]]:
-        return [(pid, where) for pid, where in _ours(run_dir).items()
+        return [(pid, where) for pid, where in _ours(cluster, run_dir).items()
                 if "-m services.rollout.main" in where and "srun" not in where]  # fmt: skip
 
     [(pid, where)] = worker()
@@ -121,13 +127,13 @@ def test_a_worker_killed_on_its_node_is_restarted_there_and_make_down_stops_ever
               lambda: _diagnostics(run_dir))  # fmt: skip
     [(new, where)] = worker()
     assert new != pid and where.startswith("node3 ")
-    assert {where.split()[0] for where in _ours(run_dir).values()} >= {"node1", "node2", "node3"}
+    assert {where.split()[0] for where in _ours(cluster, run_dir).values()} >= {"node1", "node2", "node3"}
 
     down = _make(cluster, "down", f"run.output_dir={out_dir}")
     assert "stopping run heal (slurm)" in down
     assert not _job_listed(cluster, job_id)
-    _wait_for(lambda: not _ours(run_dir), 10, "processes left on the nodes after make down",
-              lambda: f": {_ours(run_dir)}")  # fmt: skip
+    _wait_for(lambda: not _ours(cluster, run_dir), 10, "processes left on the nodes after make down",
+              lambda: f": {_ours(cluster, run_dir)}")  # fmt: skip
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "run.tls"])
@@ -146,6 +152,6 @@ def test_make_up_inside_salloc_drives_the_nodes_from_the_login_node(cluster, tmp
     assert "backend: slurm" in done.stdout and "ended: RUN_STATE_DONE after 2 steps" in done.stdout
     assert re.search(r"trainer\s+node2,node3\s+node2\s", done.stdout)
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    assert not _ours(run_dir)
+    assert not _ours(cluster, run_dir)
     redis_conf = (run_dir / "redis" / "redis.conf").read_text()
     assert ("tls-auth-clients yes" in redis_conf) == tls and "bind node1" in redis_conf
