@@ -8,8 +8,9 @@ import socket
 import sys
 from pathlib import Path
 
-from services.common.config import ConfigError, config_from_cli
+from services.common.config import ConfigError, RunConfig, config_from_cli
 
+from . import stopping
 from .placement import Cluster, Placement, PlacementError, place
 from .placement.commands import service_args, service_env
 
@@ -25,6 +26,37 @@ def main() -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return run_local(placement, write_config(placement))
+
+
+def detect() -> bool:
+    """This machine is always there to run on: the last of deploy/launchers.py's order."""
+    return True
+
+
+def up(cfg: RunConfig, dry_run: bool, argv: list[str]) -> int:
+    """`make run`'s launch, after the same placement and checks as the other backends."""
+    from .placement import format_placement
+
+    placement = place(cfg, this_machine())
+    print(format_placement(placement), flush=True)
+    if dry_run:
+        return 0
+    return run_local(placement, write_config(placement))
+
+
+def stop(record: dict) -> list[str]:
+    """The launcher, then whatever is left of its services' process groups: a launcher killed with SIGKILL
+    stopped none of them (their guards end them within seconds, but `make down` need not rely on it)."""
+    stopped = stopping.stop_launcher(record)
+    if record["host"] != socket.gethostname():
+        return stopped
+    for service in record.get("services", []):
+        pgid = service["pgid"]
+        members = stopping.our_group(pgid, service["start_ticks"])
+        if members:
+            stopping.stop_group(pgid)
+            stopped.append(f"{service['name']}: process group {pgid} ({len(members)} processes)")
+    return stopped
 
 
 def this_machine() -> Cluster:

@@ -13,7 +13,7 @@ from services.common import auth
 from services.common.config import RunConfig
 from services.common.redis_server import redis_settings, write_private
 
-from .. import records
+from .. import records, stopping
 from ..placement import Cluster, Placement, format_placement, place
 from ..placement.assign import DOCKER_REDIS_PORT
 from ..placement.gpus import colocated
@@ -120,7 +120,15 @@ def compose_command(project: str, override: Path) -> list[str]:
     return ["docker", "compose", "--project-name", project, "-f", str(COMPOSE_FILE), "-f", str(override)]
 
 
-def up(cfg: RunConfig, dry_run: bool) -> int:
+def detect() -> bool:
+    """A Docker engine answers (`docker info`)."""
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def up(cfg: RunConfig, dry_run: bool, argv: list[str]) -> int:
     placement = place(cfg, Cluster("docker", ("localhost",), host_gpus()))
     run_dir = Path(placement.cfg.run.output_dir) / placement.cfg.run.run_id
     env, override = compose_env(placement), run_dir / "compose.gpus.yaml"
@@ -145,6 +153,13 @@ def up(cfg: RunConfig, dry_run: bool) -> int:
         )
     finally:
         records.remove(record)
+
+
+def stop(record: dict) -> list[str]:
+    stopped = stopping.stop_launcher(record)
+    env = {**os.environ, **record["env"]}
+    subprocess.run([*record["compose"], "down", "--remove-orphans"], env=env, check=True)
+    return [*stopped, f"compose project {record['env'].get('GRPO_PROJECT', '')} (down --remove-orphans)"]
 
 
 def run(placement: Placement, compose: list[str], env: dict[str, str]) -> int:

@@ -1,7 +1,7 @@
 """A Docker host on this machine, to try `make up` on Docker (and for tests/integration/test_docker_host.py): Docker
 Engine >= 25 with Compose v2 and BuildKit on a private socket and data root, and local stand-ins for the images that
 compose.yaml would pull from Docker Hub (a Python base image from Debian's mirror, Redis from Debian's package).
-The machine's default socket stays silent, so `docker info` there (deploy/up.py: detect()) still fails for
+The machine's default socket stays silent, so `docker info` there (deploy/docker/launch.py: detect()) still fails for
 everything else on the machine; only a shell that exports the printed DOCKER_HOST sees this engine.
 
     python -m deploy.docker.testhost up --dir /tmp/grpo-docker     # prints the variables to export

@@ -12,7 +12,7 @@ from pathlib import Path
 from services.common import auth, tls
 from services.common.config import RunConfig
 
-from .. import records
+from .. import records, stopping
 from ..placement import Assignment, Placement, format_placement, place
 from ..procs import Service, check_alive, stop_all
 from ..restarts import Restarts
@@ -21,7 +21,12 @@ from .cluster import allocation
 from .commands import srun, step_name
 
 
-def up(cfg: RunConfig, dry_run: bool) -> int:
+def detect() -> bool:
+    """Inside an allocation (salloc, or a batch job's script)."""
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def up(cfg: RunConfig, dry_run: bool, argv: list[str]) -> int:
     placement = place(cfg, allocation())
     print(format_placement(placement), flush=True)
     if dry_run:
@@ -93,6 +98,15 @@ def _wait_redis(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"Redis at {url} did not answer within {timeout_s:.0f}s") from None
             time.sleep(0.2)
+
+
+def stop(record: dict) -> list[str]:
+    stopped = stopping.stop_launcher(record)
+    # The launcher may run on another host, or have died: stop its steps through Slurm.
+    if our_steps(record["job_id"], record["run_id"]):
+        stop_steps([], record["job_id"], record["run_id"])
+        stopped.append(f"the run's job steps in job {record['job_id']}")
+    return stopped
 
 
 def our_steps(job_id: str, run_id: str) -> list[tuple[str, str]]:

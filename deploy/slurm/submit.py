@@ -12,6 +12,7 @@ from services.common.config import RunConfig
 
 from .. import records
 from ..placement import Cluster, PlacementError, format_placement, place
+from .cluster import answers
 
 JOB_SCRIPT = Path(__file__).with_name("job.sbatch")
 
@@ -29,6 +30,11 @@ def sbatch_command(cfg: RunConfig, run_dir: Path, job_args: list[str]) -> list[s
     cmd += ["--exclusive", f"--output={run_dir.resolve()}/slurm-%j.out", f"--chdir={Path.cwd()}"]
     cmd += [f"--export=ALL,GRPO_PYTHON={sys.executable}"]
     return [*cmd, str(JOB_SCRIPT), *job_args, f'run.run_id="{cfg.run.run_id}"']
+
+
+def detect() -> bool:
+    """Slurm is installed here and its controller answers."""
+    return answers()
 
 
 def up(cfg: RunConfig, dry_run: bool, job_args: list[str]) -> int:
@@ -53,3 +59,21 @@ def up(cfg: RunConfig, dry_run: bool, job_args: list[str]) -> int:
     print(f"submitted batch job {job_id}: output in {run_dir}/slurm-{job_id}.out, status URL printed there")
     print(f"stop it with `make down` (or scancel {job_id})")
     return 0
+
+
+def stop(record: dict, timeout_s: float = 120.0) -> list[str]:
+    job_id = record["job_id"]
+    if not _job_listed(job_id):
+        return []
+    subprocess.run(["scancel", job_id], check=True)
+    deadline = time.monotonic() + timeout_s
+    while _job_listed(job_id):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still listed by squeue {timeout_s:.0f}s after scancel")
+        time.sleep(0.5)
+    return [f"batch job {job_id}"]
+
+
+def _job_listed(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "--noheader", f"--jobs={job_id}", "--format=%T"], capture_output=True, text=True)
+    return out.returncode == 0 and bool(out.stdout.strip())
