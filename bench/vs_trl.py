@@ -65,6 +65,7 @@ GPU_ARGS = [
     "trainer.max_tokens_per_microbatch=16384",
     'trainer.fsdp2.attn_implementation="sdpa_varlen"',
     'weightsync.transport="cuda_ipc"',
+    "weightsync.timeout_s=600",  # the first refit may wait on vLLM's compile and CUDA graphs
 ]
 """vs_trl.py --gpu: over the task's config, for both sides (TRL's from trl_pairing.TO_TRL_GPU)."""
 
@@ -451,10 +452,9 @@ def main() -> int:
 def provenance(gpu: bool = False) -> dict[str, str]:
     """How and where a result file was made: the command as typed from the repository root, and the machine."""
     device = "no GPU"
-    if gpu:
-        import torch
-
-        device = f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    if gpu:  # nvidia-smi, not torch: this process holds no CUDA context while the sides run
+        query = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]
+        device = subprocess.run(query, capture_output=True, text=True).stdout.strip() or "a GPU nvidia-smi did not name"
     return {
         "command": "python " + shlex.join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, {device}",
