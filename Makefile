@@ -38,7 +38,7 @@ down: $(STAMP)
 	$(PY) -m deploy.down --config $(CONFIG) $(ARGS)
 
 test: $(STAMP) proto-check
-	$(PY) -m pytest -m "not gpu" -q -rs tests
+	$(PY) -m pytest -m "not gpu" -q -rs --durations=25 tests
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
