@@ -12,7 +12,7 @@ import math
 import os
 import random
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -99,13 +99,10 @@ class PromptOrder:
 # Loading a task
 
 
-def load_task(task: TaskSection) -> TaskData:
-    """Training and held-out prompts of a data or reasoning-gym task; train never holds an eval prompt's text."""
-    if task.name in ("dataset", "jsonl"):
-        return _load_file_task(task)
-    if task.name == "reasoning_gym":
-        return _load_gym_task(task)
-    raise TaskError(f"task.name = {task.name!r}: the built-in task has no finite data; use builtin_prompts")
+def load_task(task: TaskSection) -> TaskData | None:
+    """Training and held-out prompts of the task's source (SOURCES); train never holds an eval prompt's text. None
+    for a source without finite data: the toy task, whose prompts the coordinator draws from builtin_prompts."""
+    return SOURCES[task.name](task)
 
 
 def _without_overlap(train: list[Prompt], held_out: list[Prompt], label: str) -> TaskData:
@@ -400,13 +397,23 @@ class PromptRenderer:
         return [[int(i) for i in ids] for ids in encoded]
 
 
+SOURCES: dict[str, Callable[[TaskSection], TaskData | None]] = {
+    "class_continuation": lambda task: None,  # the toy task: endless generated prompts, no held-out set
+    "dataset": _load_file_task,
+    "jsonl": _load_file_task,
+    "reasoning_gym": _load_gym_task,
+}
+"""Where a task.name's prompts come from: a new source is its loader (returning TaskData) and one line here, its
+name in TaskSection.name's Literal (services/common/config.py)."""
+
+
 def check_task(cfg: RunConfig) -> TaskData | None:
     """Load the task and check every prompt fits the context, before any process starts; None for the toy task."""
-    if cfg.task.name == "class_continuation":
+    data = load_task(cfg.task)
+    if data is None:
         return None
     if not Path(cfg.model.path).is_dir():
         raise TaskError(f"model.path {cfg.model.path!r}: no such folder (create the model before checking the task)")
-    data = load_task(cfg.task)
     limit = cfg.rollout.max_model_len - cfg.coordinator.max_tokens
     renderer = PromptRenderer(cfg.model.path, cfg.task.system_prompt, cfg.task.chat_template)
     for prompts in (data.train, data.eval):

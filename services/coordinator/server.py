@@ -33,7 +33,7 @@ def serve(cfg: RunConfig) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     queue = WorkQueue(connect(cfg.redis.url), cfg.redis.prompts_stream, cfg.redis.trajectories_stream)
     queue.ensure_group()
-    feed = PromptFeed(cfg, None if cfg.task.name == "class_continuation" else load_task(cfg.task))
+    feed = PromptFeed(cfg, load_task(cfg.task))
     trainer = trainer_pb2_grpc.TrainerStub(channel(f"{cfg.trainer.host}:{cfg.trainer.grpc_port}"))
     state = RunState(run_id=cfg.run.run_id, num_steps=cfg.run.num_steps, num_rollout_workers=cfg.rollout.num_workers)
     loop = GrpoLoop(cfg, queue, trainer, feed, run_dir, state)

@@ -240,3 +240,13 @@ def test_renderer_applies_the_chat_template(smollm2_path):
     assert not raw.uses_template
     assert raw.ids(prompts[0]) == raw.tokenizer.encode(prompts[0].text, add_special_tokens=False)
     assert raw.ids(prompts[0]) != renderer.ids(prompts[0])
+
+
+def test_every_task_name_the_config_takes_has_a_source_and_the_toy_one_has_no_finite_data():
+    from typing import get_args
+
+    from services.common.config import TaskSection
+    from services.common.tasks import SOURCES
+
+    assert set(get_args(TaskSection.model_fields["name"].annotation)) == set(SOURCES)
+    assert load_task(TaskSection()) is None  # the default toy task: the coordinator draws builtin_prompts

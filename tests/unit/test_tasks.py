@@ -3,11 +3,8 @@
 import itertools
 import random
 
-import pytest
-
-from services.common.config import TaskSection
 from services.common.rewards import BUILTIN
-from services.common.tasks import SYMBOL_CLASSES, Prompt, TaskError, builtin_prompts, load_task
+from services.common.tasks import SYMBOL_CLASSES, Prompt, builtin_prompts
 from services.common.tokenizer import Vocab, build_char_tokenizer
 
 
@@ -39,8 +36,3 @@ def test_builtin_prompts_are_seeded():
     first = [p.text for p in itertools.islice(builtin_prompts(seed=3, prompt_len=4), 10)]
     assert first == [p.text for p in itertools.islice(builtin_prompts(seed=3, prompt_len=4), 10)]
     assert first != [p.text for p in itertools.islice(builtin_prompts(seed=4, prompt_len=4), 10)]
-
-
-def test_builtin_task_has_no_finite_data():
-    with pytest.raises(TaskError, match="builtin_prompts"):
-        load_task(TaskSection())
