@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+MAX_EPOCHS = 20  # of the training prompts given to TRL in our order (a 20-minute GPU run takes ~17 of 4416)
 sys.path.insert(0, str(REPO))
 
 from trl_pairing import trl_kwargs  # noqa: E402
@@ -115,10 +117,13 @@ def main() -> int:
     renderer = PromptRenderer(cfg.model.path, cfg.task.system_prompt, cfg.task.chat_template)
     [reward_name] = cfg.task.reward_weights()
     reward = BUILTIN[reward_name]
-    # The training prompts in the order our coordinator takes them (PromptOrder, the run seed), with TRL's own
-    # shuffle off: both sides then train on the same prompts at every step, so their per-step curves differ by
-    # the sampling alone.
-    train = [data.train[i] for i in PromptOrder(len(data.train), run.seed).take(len(data.train))]
+    # The training prompts in the order our coordinator takes them (PromptOrder, the run seed: a fresh permutation
+    # every epoch), with TRL's own shuffle off: both sides then train on the same prompts at every step, so their
+    # per-step curves differ by the sampling alone. As many epochs as the run can take, up to MAX_EPOCHS (a run
+    # bounded by minutes only would otherwise ask for its 100000 steps' worth): beyond, TRL repeats them.
+    epochs = min(math.ceil(run.num_steps * c.num_prompts / len(data.train)), MAX_EPOCHS)
+    order = PromptOrder(len(data.train), run.seed).take(epochs * len(data.train))
+    train = [data.train[i] for i in order]
     rows = {
         "prompt": [messages(renderer, p) for p in train],
         "text": [p.text for p in train],

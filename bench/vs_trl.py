@@ -387,7 +387,8 @@ def main() -> int:
         from services.common.tinymodel import create_tiny_model
 
         model = create_tiny_model(ModelSection(path=str(work / "tiny")), seed=0)
-        overrides += [f'model.path="{model}"', "task.chat_template=false", "task.train_size=64", "task.eval_size=4"]
+        # 4 training prompts, 2 a step: step 3 opens the second epoch, a new permutation TRL must read too.
+        overrides += [f'model.path="{model}"', "task.chat_template=false", "task.train_size=4", "task.eval_size=4"]
         overrides += ["run.num_steps=3", "run.eval_every=2", "run.train_minutes=0", "coordinator.max_tokens=8"]
         overrides += ["rollout.cpu_compile=false"]  # the compile's ~75 s start-up buys nothing in 3 steps
     elif args.model_dir:
