@@ -4,6 +4,7 @@ plus the sharded training state (torch distributed checkpoint) that resumes a ru
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -108,16 +109,31 @@ def _rng_states(rank: int) -> dict[str, Tensor]:
     return states
 
 
+def writer_threads() -> int:
+    """Threads each rank writes its training state with: its share of the cores it may run on, at least 2 (one
+    serializes while another waits on the disk) and at most 8. DCP's default, one, wrote SmolLM2-135M's 1.6 GB of
+    model and optimizer state in 7.3 s on 2 cores and 4.1 s with two (bench/checkpoint_save.py)."""
+    ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(2, min(8, len(os.sched_getaffinity(0)) // ranks_here))
+
+
 def save_train_state(
-    folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, policy_version: int, rank: int
+    folder: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    policy_version: int,
+    rank: int,
+    threads: int | None = None,
 ) -> None:
-    """Collective: every rank writes its shards of model and optimizer, plus policy_version and its RNG."""
+    """Collective: every rank writes its shards of model and optimizer, plus policy_version and its RNG, in
+    `threads` files of its own (writer_threads() where None), each fsynced."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optimizer": optim_sd, "policy_version": torch.tensor(policy_version)}
-    dcp.save({**state, **_rng_states(rank)}, checkpoint_id=folder)
+    writer = dcp.FileSystemWriter(folder, thread_count=threads or writer_threads())
+    dcp.save({**state, **_rng_states(rank)}, checkpoint_id=folder, storage_writer=writer)
 
 
 def load_train_state(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> int:

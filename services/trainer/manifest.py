@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
@@ -28,7 +29,8 @@ class FileEntry:
 def write_manifest(folder: Path) -> None:
     """Write folder's manifest (rank 0, once every rank's files are written), atomically: written, fsynced, renamed.
     Signed where this process holds a run secret, unsigned (hashes only) where it runs unlocked."""
-    files = [_entry(folder, rel) for rel in relative_files(folder) if rel != MANIFEST]
+    rels = [rel for rel in relative_files(folder) if rel != MANIFEST]
+    files = [FileEntry(rel, (folder / rel).stat().st_size, digest) for rel, digest in zip(rels, _sha256s(folder, rels))]
     doc = {"files": [asdict(e) for e in files], "signature": auth.sign(_PURPOSE, _canonical(files)).hex()}
     tmp = folder / f"{MANIFEST}.tmp"
     with open(tmp, "w") as f:
@@ -54,8 +56,8 @@ def verify_manifest(folder: Path, complete: Sequence[str]) -> None:
     for e in files:  # sizes first: a stat each, so a cut or grown file fails before any hashing
         if (size := _size(folder, e.path)) != e.num_bytes:
             raise ValueError(f"{folder}: {e.path} has {size} bytes, its {MANIFEST} says {e.num_bytes}: altered since")
-    for e in files:
-        if _sha256(folder / e.path) != e.sha256:
+    for e, digest in zip(files, _sha256s(folder, [e.path for e in files])):
+        if digest != e.sha256:
             raise ValueError(f"{folder}: the sha256 of {e.path} differs from its {MANIFEST}'s: altered since")
 
 
@@ -95,15 +97,19 @@ def _canonical(files: list[FileEntry]) -> bytes:
     return json.dumps([asdict(e) for e in files], sort_keys=True, separators=(",", ":")).encode()
 
 
-def _entry(folder: Path, rel: str) -> FileEntry:
-    return FileEntry(path=rel, num_bytes=(folder / rel).stat().st_size, sha256=_sha256(folder / rel))
-
-
 def _size(folder: Path, rel: str) -> int:
     try:
         return (folder / rel).stat().st_size
     except FileNotFoundError:
         raise ValueError(f"{folder}: {rel}, listed in its {MANIFEST}, is missing") from None
+
+
+def _sha256s(folder: Path, rels: list[str]) -> list[str]:
+    """The sha256 of each file, in order, several files at once: hashlib lets go of the GIL while it hashes, and a
+    checkpoint's training state comes in one file per writer thread (checkpoint.writer_threads)."""
+    workers = max(1, min(8, len(os.sched_getaffinity(0)), len(rels)))
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda rel: _sha256(folder / rel), rels))
 
 
 def _sha256(path: Path) -> str:
