@@ -1,0 +1,104 @@
+"""Multi-turn episodes kept as token ids, and the tool calls read out of a model turn."""
+
+import copy
+
+import pytest
+from transformers import AutoTokenizer
+
+from services.rollout.multiturn.episode import Episode, MessageRenderer
+from services.rollout.multiturn.tools import PARSERS, Tool, ToolCall, parse_hermes, parser, resolve
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_path):
+    return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+def _render(tokenizer, messages, generation_prompt):
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_a_two_turn_episode_is_the_sampled_ids_plus_each_message_as_the_template_renders_it(tokenizer):
+    eos = tokenizer.eos_token_id
+    user = {"role": "user", "content": "What is 123 * 456?"}
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 123, "b": 456}}</tool_call>'
+    result = {"role": "tool", "content": "56088"}
+    # The model's turns as an engine samples them: the text's ids, then the stop token.
+    turn1 = tokenizer.encode(call, add_special_tokens=False) + [eos]
+    turn2 = tokenizer.encode("56088", add_special_tokens=False) + [eos]
+
+    episode = Episode(prompt_ids=_render(tokenizer, [user], generation_prompt=True))
+    episode.add_model_turn(turn1, [-0.5] * len(turn1), call)
+    episode.add_message(result, MessageRenderer(tokenizer).ids(result, turn_end=eos))
+    episode.add_model_turn(turn2, [-0.25] * len(turn2), "56088")
+
+    # The whole conversation rendered at once gives the same ids, up to the last turn's stop token.
+    whole = [user, {"role": "assistant", "content": call}, result, {"role": "assistant", "content": "56088"}]
+    rendered = _render(tokenizer, whole, generation_prompt=False)
+    assert episode.context_ids == rendered[: len(rendered) - rendered[::-1].index(eos)]
+    # The loss mask covers exactly the model's tokens; the environment's carry no sampled logprob.
+    n1, n_tool = len(turn1), len(episode.response_ids) - len(turn1) - len(turn2)
+    assert episode.loss_mask == [1] * n1 + [0] * n_tool + [1] * len(turn2)
+    assert episode.logprobs == [-0.5] * n1 + [0.0] * n_tool + [-0.25] * len(turn2)
+    assert [episode.response_ids[i] for i, m in enumerate(episode.loss_mask) if m] == turn1 + turn2
+    assert episode.model_turns == 2 and [m["role"] for m in episode.messages] == ["assistant", "tool", "assistant"]
+
+
+def test_a_template_that_rerenders_earlier_turns_is_refused(tokenizer):
+    counting = copy.deepcopy(tokenizer)  # a template whose first line depends on how many messages follow
+    counting.chat_template = (
+        "{{ messages|length }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(ValueError, match="re-tokenizing"):
+        MessageRenderer(counting).ids({"role": "user", "content": "again"}, turn_end=tokenizer.eos_token_id)
+    with pytest.raises(ValueError, match="never ends a model turn"):
+        MessageRenderer(tokenizer).ids({"role": "user", "content": "again"}, turn_end=12345)
+    with pytest.raises(ValueError, match="logprobs"):
+        Episode(prompt_ids=[1]).add_model_turn([1, 2], [0.0], "x")
+
+
+def test_hermes_calls_are_read_and_unreadable_ones_say_why():
+    ok = parse_hermes('sure <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    assert ok == [ToolCall("add", {"a": 1, "b": 2})]
+    two = parse_hermes(
+        '<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call><tool_call>{"name": "b"}</tool_call>'
+    )
+    assert two == [ToolCall("a", {"x": 1}), ToolCall("b", {})]
+    assert parse_hermes("no call here") == []
+    assert "not JSON" in parse_hermes("<tool_call>{name: add}</tool_call>")[0].error
+    assert '"name"' in parse_hermes('<tool_call>{"arguments": {}}</tool_call>')[0].error
+    assert "JSON object" in parse_hermes('<tool_call>{"name": "a", "arguments": [1]}</tool_call>')[0].error
+    assert "never closed" in parse_hermes('<tool_call>{"name": "a"}')[-1].error
+    assert parser("hermes") is PARSERS["hermes"]
+    with pytest.raises(ValueError, match="hermes"):
+        parser("nope")
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+
+
+def test_a_typed_function_is_a_tool_and_calls_to_it_are_checked():
+    tool = Tool.from_function(multiply)
+    assert tool.name == "multiply"
+    assert tool.schema["function"]["parameters"]["required"] == ["a", "b"]
+    tools = {tool.name: tool}
+    assert resolve(ToolCall("multiply", {"a": 2, "b": 3}), tools) == (tool, "")
+    assert "needs b" in resolve(ToolCall("multiply", {"a": 2}), tools)[1]
+    assert "takes no c" in resolve(ToolCall("multiply", {"a": 2, "b": 3, "c": 4}), tools)[1]
+    assert "no tool 'divide'" in resolve(ToolCall("divide", {}), tools)[1]
+    assert resolve(ToolCall(error="not JSON"), tools) == (None, "not JSON")
+
+    def untyped(a):
+        return a
+
+    with pytest.raises(ValueError, match="untyped"):
+        Tool.from_function(untyped)
