@@ -404,7 +404,7 @@ SOURCES: dict[str, Callable[[TaskSection], TaskData | None]] = {
     "reasoning_gym": _load_gym_task,
 }
 """Where a task.name's prompts come from: a new source is its loader (returning TaskData) and one line here, its
-name in TaskSection.name's Literal (services/common/config.py)."""
+name in TaskSection.name's Literal (services/common/config/task.py)."""
 
 
 def check_task(cfg: RunConfig) -> TaskData | None:
