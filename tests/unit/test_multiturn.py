@@ -1,12 +1,54 @@
 """Multi-turn episodes kept as token ids, and the tool calls read out of a model turn."""
 
 import copy
+import os
+import textwrap
 
 import pytest
 from transformers import AutoTokenizer
 
 from services.rollout.multiturn.episode import Episode, MessageRenderer
-from services.rollout.multiturn.tools import PARSERS, Tool, ToolCall, parse_hermes, parser, resolve
+from services.rollout.multiturn.tools import PARSERS, Tool, ToolCall, ToolRunner, parse_hermes, parser, resolve
+
+# Tools the runner's child imports by path: one that works, and one each way a tool can fail.
+TOOLS_MODULE = '''
+import os, time
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+
+def act(how: str) -> str:
+    """Fail as asked.
+
+    Args:
+        how: raise, hang, exit, or anything else to return the process id.
+    """
+    if how == "raise":
+        raise RuntimeError("boom from the tool")
+    if how == "hang":
+        time.sleep(60)
+    if how == "exit":
+        os._exit(3)
+    return str(os.getpid())
+
+def untyped(a):
+    return a
+'''
+
+
+@pytest.fixture(scope="module")
+def tools_module(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tools_pkg")
+    (directory / "tools_under_test.py").write_text(textwrap.dedent(TOOLS_MODULE))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(directory))
+        yield "tools_under_test"
 
 
 @pytest.fixture(scope="module")
@@ -76,18 +118,8 @@ def test_hermes_calls_are_read_and_unreadable_ones_say_why():
         parser("nope")
 
 
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: The first factor.
-        b: The second factor.
-    """
-    return a * b
-
-
-def test_a_typed_function_is_a_tool_and_calls_to_it_are_checked():
-    tool = Tool.from_function(multiply)
+def test_a_typed_function_is_a_tool_and_calls_to_it_are_checked(tools_module):
+    tool = Tool.from_path(f"{tools_module}:multiply")
     assert tool.name == "multiply"
     assert tool.schema["function"]["parameters"]["required"] == ["a", "b"]
     tools = {tool.name: tool}
@@ -96,9 +128,25 @@ def test_a_typed_function_is_a_tool_and_calls_to_it_are_checked():
     assert "takes no c" in resolve(ToolCall("multiply", {"a": 2, "b": 3, "c": 4}), tools)[1]
     assert "no tool 'divide'" in resolve(ToolCall("divide", {}), tools)[1]
     assert resolve(ToolCall(error="not JSON"), tools) == (None, "not JSON")
-
-    def untyped(a):
-        return a
-
     with pytest.raises(ValueError, match="untyped"):
-        Tool.from_function(untyped)
+        Tool.from_path(f"{tools_module}:untyped")  # no type hints: no schema a template could show
+    with pytest.raises(ValueError, match="not an import path"):
+        Tool.from_path("multiply")
+
+
+def test_a_tool_that_raises_hangs_or_dies_gives_an_error_result_and_the_next_call_runs(tools_module):
+    tools = [Tool.from_path(f"{tools_module}:{name}") for name in ("multiply", "act")]
+    with ToolRunner(tools, timeout_s=3.0) as runner:
+        assert runner.run(ToolCall("multiply", {"a": 123, "b": 456})).content == "56088"
+        pid = runner.run(ToolCall("act", {"how": "pid"})).content
+        assert pid.isdigit() and int(pid) != os.getpid()  # it ran in the child
+        raised = runner.run(ToolCall("act", {"how": "raise"}))
+        assert raised.error == "RuntimeError: boom from the tool" and raised.content.startswith("error: ")
+        assert runner.run(ToolCall("act", {"how": "pid"})).content == pid  # a raise costs no process
+        hung = runner.run(ToolCall("act", {"how": "hang"}))
+        assert "ran past 3.0s" in hung.error
+        died = runner.run(ToolCall("act", {"how": "exit"}))
+        assert "died (exit code 3)" in died.error
+        assert runner.run(ToolCall("multiply", {"a": 2, "b": 3})).content == "6"  # a fresh child serves on
+        assert "needs b" in runner.run(ToolCall("multiply", {"a": 2})).error  # refused before it is sent
+        assert "not JSON" in runner.run(parse_hermes("<tool_call>{x}</tool_call>")[0]).error

@@ -8,13 +8,10 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import numbers
-import os
-import signal
-import sys
 import threading
-import time
 from dataclasses import dataclass
-from typing import Any
+
+from services.common.child import Child, ChildLost, child_setup
 
 from .builtin import _PRELOAD, RewardFn, load_reward
 
@@ -46,19 +43,9 @@ def _as_score(value: object) -> float:
     return score
 
 
-def _watch_parent(parent_pid: int) -> None:
-    # A parent killed with SIGKILL never stops its daemon children; a child stuck in a reward would spin forever.
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    os._exit(0)
-
-
 def _child_main(conn: multiprocessing.connection.Connection, sys_path: list[str], names: list[str]) -> None:
     """Child loop: receive (calls, items), call each reward in the main thread, send (value, error) per call."""
-    # Ctrl-C reaches the whole process group; the parent decides when this process stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    sys.path[:] = sys_path
+    child_setup(sys_path)
     fns: dict[str, RewardFn | str] = {}
     for name in names:
         try:
@@ -86,10 +73,6 @@ def _child_main(conn: multiprocessing.connection.Connection, sys_path: list[str]
                 conn.send((0.0, f"{type(e).__name__}: {e}"))
 
 
-class _ChildLost(Exception):
-    """The child timed out or died; the message says which."""
-
-
 class RewardRunner:
     """Scores completions as sum(weight * reward), each reward call in a killable child with a timeout.
 
@@ -104,10 +87,7 @@ class RewardRunner:
             load_reward(name)
         self._weights = dict(weights)
         self._timeout_s = timeout_s
-        self._startup_timeout_s = startup_timeout_s
-        self._ctx = multiprocessing.get_context("spawn")
-        self._proc: multiprocessing.process.BaseProcess | None = None
-        self._conn: multiprocessing.connection.Connection | None = None
+        self._child = Child(_child_main, (list(self._weights),), "reward", startup_timeout_s)
         self._lock = threading.Lock()
 
     def score(self, items: list[RewardInput]) -> list[Scored]:
@@ -129,81 +109,34 @@ class RewardRunner:
     ) -> int:
         """Run calls in the child until they are done or one is lost; return how many calls were settled."""
         try:
-            conn = self._child()
+            conn = self._child.conn()
             conn.send((calls, {i: items[i] for i in {i for i, _ in calls}}))
-        except (_ChildLost, OSError, EOFError) as e:
+        except (ChildLost, OSError, EOFError) as e:
             # Not any one reward's fault, but the batch must not hang or raise: every call scores 0.
             log.warning("reward process unavailable, %d reward calls score 0: %s", len(calls), e)
-            self._stop()
+            self._child.stop()
             for i, name in calls:
                 components[i][name] = 0.0
                 errors[i] += 1
             return len(calls)
         for done, (i, name) in enumerate(calls):
             try:
-                value, error = self._receive(self._timeout_s, f"reward {name!r} ran past {self._timeout_s}s")
-            except _ChildLost as e:
+                value, error = self._child.receive(self._timeout_s, f"reward {name!r} ran past {self._timeout_s}s")
+            except ChildLost as e:
                 value, error = 0.0, str(e)
-                self._stop()
+                self._child.stop()
             components[i][name] = value
             if error is not None:
                 errors[i] += 1
                 log.warning("reward %r failed on item %d: %s", name, i, error)
-            if self._proc is None:
+            if not self._child.running:
                 return done + 1
         return len(calls)
-
-    def _child(self) -> multiprocessing.connection.Connection:
-        if self._conn is not None:
-            return self._conn
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        sys_path = [os.getcwd() if p == "" else p for p in sys.path]
-        self._proc = self._ctx.Process(
-            target=_child_main, args=(child_conn, sys_path, list(self._weights)), name="rewards", daemon=True
-        )
-        self._proc.start()
-        # The child must hold the only copy of its end, so its death reads as EOF here.
-        child_conn.close()
-        self._conn = parent_conn
-        ready = self._receive(self._startup_timeout_s, f"reward process not ready after {self._startup_timeout_s}s")
-        if ready != "ready":
-            raise _ChildLost(f"reward process sent {ready!r} instead of ready")
-        return parent_conn
-
-    def _receive(self, timeout_s: float, timeout_message: str) -> Any:
-        assert self._conn is not None and self._proc is not None
-        ready = multiprocessing.connection.wait([self._conn, self._proc.sentinel], timeout_s)
-        if self._conn in ready:
-            try:
-                return self._conn.recv()
-            except (EOFError, OSError):
-                pass
-        elif not ready:
-            raise _ChildLost(timeout_message)
-        self._proc.join(1.0)
-        raise _ChildLost(f"reward process died (exit code {self._proc.exitcode})")
-
-    def _stop(self) -> None:
-        proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
-        if conn is not None:
-            conn.close()
-        if proc is not None and proc.is_alive():
-            proc.terminate()
-            proc.join(2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
 
     def close(self) -> None:
         """Stop the child; a later score() starts a fresh one."""
         with self._lock:
-            if self._conn is not None and self._proc is not None and self._proc.is_alive():
-                try:
-                    self._conn.send(None)
-                    self._proc.join(1.0)
-                except OSError:
-                    pass
-            self._stop()
+            self._child.close()
 
     def __enter__(self) -> RewardRunner:
         return self

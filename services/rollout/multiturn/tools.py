@@ -1,34 +1,56 @@
-"""Tools the model may call: a typed Python function each, its JSON schema for the chat template's `tools`, and the
-parsers that read the model's calls out of its text (PARSERS, by name)."""
+"""Tools the model may call: a typed Python function each, its JSON schema for the chat template's `tools`, the
+parsers that read the model's calls out of its text (PARSERS, by name), and ToolRunner, which runs the calls in a
+killable child process with a timeout."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import multiprocessing.connection
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from services.common.child import Child, ChildLost, child_setup
+
+
+def import_function(path: str) -> Callable[..., Any]:
+    """The function at import path ``pkg.module:function``; ValueError naming what is wrong."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{path!r} is not an import path pkg.module:function")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except Exception as e:
+        raise ValueError(f"cannot import {path!r}: {type(e).__name__}: {e}") from e
+    if not callable(fn):
+        raise ValueError(f"{path!r} is not callable (it is a {type(fn).__name__})")
+    return fn
 
 
 @dataclass(frozen=True)
 class Tool:
     name: str
-    fn: Callable[..., Any]
+    path: str
+    """Import path `pkg.module:function`: the tool process imports it from there."""
     schema: dict[str, Any]
     """{"type": "function", "function": {"name", "description", "parameters"}}, as chat templates take `tools`."""
 
     @classmethod
-    def from_function(cls, fn: Callable[..., Any]) -> Tool:
+    def from_path(cls, path: str) -> Tool:
         """A tool from a function with type hints and a Google-style docstring (each argument described):
         transformers' get_json_schema, the schema chat templates are written for. ValueError naming what is
         missing otherwise."""
         from transformers.utils import get_json_schema
 
+        fn = import_function(path)
         try:
             schema = get_json_schema(fn)
         except Exception as e:  # its own error types differ between versions; the message names the gap
-            raise ValueError(f"tool {getattr(fn, '__name__', fn)!r}: {e}") from None
-        return cls(schema["function"]["name"], fn, schema)
+            raise ValueError(f"tool {path!r}: {e}") from None
+        return cls(schema["function"]["name"], path, schema)
 
     def check(self, arguments: Any) -> str | None:
         """Why `arguments` cannot be this tool's (a message for the model), or None."""
@@ -103,3 +125,78 @@ def resolve(call: ToolCall, tools: dict[str, Tool]) -> tuple[Tool | None, str]:
         return None, f"there is no tool {call.name!r}; there are: {', '.join(sorted(tools)) or 'none'}"
     problem = tool.check(call.arguments)
     return (None, problem) if problem else (tool, "")
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    content: str
+    """What the model gets back as the tool message: the result, or the error in one line."""
+    error: str = ""
+    """Why the call gave no result (unreadable, unknown tool, bad arguments, raised, timed out); empty if it ran."""
+
+
+def _as_text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _tool_main(conn: multiprocessing.connection.Connection, sys_path: list[str], paths: dict[str, str]) -> None:
+    """Child loop: receive (name, arguments), call the tool, send (text, error)."""
+    child_setup(sys_path)
+    fns: dict[str, Callable[..., Any] | str] = {}
+    for name, path in paths.items():
+        try:
+            fns[name] = import_function(path)
+        except BaseException as e:
+            fns[name] = f"{type(e).__name__}: {e}"
+    conn.send("ready")
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        name, arguments = message
+        try:
+            fn = fns[name]
+            if isinstance(fn, str):
+                raise RuntimeError(f"cannot load in the tool process: {fn}")
+            conn.send((_as_text(fn(**arguments)), ""))
+        except BaseException as e:
+            conn.send(("", f"{type(e).__name__}: {e}"))
+
+
+class ToolRunner:
+    """Runs the model's tool calls in one long-lived child process, each with a timeout: a tool that raises, hangs
+    or kills its process gives an error result (the child is replaced), never an exception to the caller."""
+
+    def __init__(self, tools: list[Tool], timeout_s: float, startup_timeout_s: float = 120.0):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.tools = {t.name: t for t in tools}
+        self._timeout_s = timeout_s
+        self._child = Child(_tool_main, ({t.name: t.path for t in tools},), "tool", startup_timeout_s)
+        self._lock = threading.Lock()
+
+    def run(self, call: ToolCall) -> ToolResult:
+        tool, problem = resolve(call, self.tools)
+        if tool is None:
+            return ToolResult(f"error: {problem}", problem)
+        with self._lock:
+            try:
+                self._child.conn().send((tool.name, call.arguments))
+                text, error = self._child.receive(self._timeout_s, f"{tool.name} ran past {self._timeout_s}s")
+            except (ChildLost, OSError, EOFError) as e:
+                self._child.stop()
+                text, error = "", str(e)
+        return ToolResult(f"error: {error}", error) if error else ToolResult(text)
+
+    def close(self) -> None:
+        with self._lock:
+            self._child.close()
+
+    def __enter__(self) -> ToolRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,106 @@
+"""A long-lived, killable child process that runs user code (rewards, tools) for its parent over a pipe.
+
+The parent starts it on first use and waits for its "ready"; each answer is awaited with a timeout, and a child that
+times out or dies is killed and replaced on the next use, so user code that hangs, crashes the interpreter or leaks
+memory costs the call, never the caller.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class ChildLost(Exception):
+    """The child timed out or died; the message says which."""
+
+
+def child_setup(sys_path: list[str]) -> None:
+    """First thing in a child's main: ignore Ctrl-C (the parent decides when it stops), end with the parent, and
+    import from where the parent does."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    sys.path[:] = sys_path
+
+
+def _watch_parent(parent_pid: int) -> None:
+    # A parent killed with SIGKILL never stops its daemon children; a child stuck in user code would spin forever.
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+class Child:
+    """target(conn, sys_path, *args) in a spawned daemon process: it calls child_setup, sends "ready", then serves
+    messages until it receives None."""
+
+    def __init__(self, target: Callable[..., None], args: tuple, name: str, startup_timeout_s: float = 120.0):
+        self._target, self._args, self.name = target, args, name
+        self._startup_timeout_s = startup_timeout_s
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None
+
+    def conn(self) -> multiprocessing.connection.Connection:
+        """The pipe to a ready child, started if there is none. ChildLost where it is not ready in time."""
+        if self._conn is not None:
+            return self._conn
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        sys_path = [os.getcwd() if p == "" else p for p in sys.path]
+        self._proc = self._ctx.Process(
+            target=self._target, args=(child_conn, sys_path, *self._args), name=self.name, daemon=True
+        )
+        self._proc.start()
+        # The child must hold the only copy of its end, so its death reads as EOF here.
+        child_conn.close()
+        self._conn = parent_conn
+        ready = self.receive(self._startup_timeout_s, f"{self.name} process not ready after {self._startup_timeout_s}s")
+        if ready != "ready":
+            raise ChildLost(f"{self.name} process sent {ready!r} instead of ready")
+        return parent_conn
+
+    def receive(self, timeout_s: float, timeout_message: str) -> Any:
+        assert self._conn is not None and self._proc is not None
+        ready = multiprocessing.connection.wait([self._conn, self._proc.sentinel], timeout_s)
+        if self._conn in ready:
+            try:
+                return self._conn.recv()
+            except (EOFError, OSError):
+                pass
+        elif not ready:
+            raise ChildLost(timeout_message)
+        self._proc.join(1.0)
+        raise ChildLost(f"{self.name} process died (exit code {self._proc.exitcode})")
+
+    def stop(self) -> None:
+        """Kill the child (a later conn() starts a fresh one)."""
+        proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
+        if conn is not None:
+            conn.close()
+        if proc is not None and proc.is_alive():
+            proc.terminate()
+            proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+    def close(self) -> None:
+        """Ask the child to end, then make sure it has."""
+        if self._conn is not None and self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+                self._proc.join(1.0)
+            except OSError:
+                pass
+        self.stop()
