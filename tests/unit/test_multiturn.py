@@ -8,6 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from services.rollout.multiturn.episode import Episode, MessageRenderer
+from services.rollout.multiturn.loop import Limits, Turn, run_episode
 from services.rollout.multiturn.tools import PARSERS, Tool, ToolCall, ToolRunner, parse_hermes, parser, resolve
 
 # Tools the runner's child imports by path: one that works, and one each way a tool can fail.
@@ -72,7 +73,7 @@ def test_a_two_turn_episode_is_the_sampled_ids_plus_each_message_as_the_template
 
     episode = Episode(prompt_ids=_render(tokenizer, [user], generation_prompt=True))
     episode.add_model_turn(turn1, [-0.5] * len(turn1), call)
-    episode.add_message(result, MessageRenderer(tokenizer).ids(result, turn_end=eos))
+    episode.add_messages([result], MessageRenderer(tokenizer).ids([result], turn_end=eos))
     episode.add_model_turn(turn2, [-0.25] * len(turn2), "56088")
 
     # The whole conversation rendered at once gives the same ids, up to the last turn's stop token.
@@ -94,9 +95,9 @@ def test_a_template_that_rerenders_earlier_turns_is_refused(tokenizer):
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     with pytest.raises(ValueError, match="re-tokenizing"):
-        MessageRenderer(counting).ids({"role": "user", "content": "again"}, turn_end=tokenizer.eos_token_id)
+        MessageRenderer(counting).ids([{"role": "user", "content": "again"}], turn_end=tokenizer.eos_token_id)
     with pytest.raises(ValueError, match="never ends a model turn"):
-        MessageRenderer(tokenizer).ids({"role": "user", "content": "again"}, turn_end=12345)
+        MessageRenderer(tokenizer).ids([{"role": "user", "content": "again"}], turn_end=12345)
     with pytest.raises(ValueError, match="logprobs"):
         Episode(prompt_ids=[1]).add_model_turn([1, 2], [0.0], "x")
 
@@ -150,3 +151,67 @@ def test_a_tool_that_raises_hangs_or_dies_gives_an_error_result_and_the_next_cal
         assert runner.run(ToolCall("multiply", {"a": 2, "b": 3})).content == "6"  # a fresh child serves on
         assert "needs b" in runner.run(ToolCall("multiply", {"a": 2})).error  # refused before it is sent
         assert "not JSON" in runner.run(parse_hermes("<tool_call>{x}</tool_call>")[0]).error
+
+
+def scripted(tokenizer, texts, finish="stop"):
+    """An engine stand-in for the episode loop alone: each turn is the next text's ids and the stop token. (The
+    engines themselves are tested against an HF forward; here the loop's bookkeeping is under test.)"""
+    turns, seen = iter(texts), []
+
+    def generate(context_ids, max_new):
+        seen.append((list(context_ids), max_new))
+        ids = tokenizer.encode(next(turns), add_special_tokens=False) + [tokenizer.eos_token_id]
+        return Turn(ids, [-0.1] * len(ids), tokenizer.decode(ids, skip_special_tokens=True), finish)
+
+    return generate, seen
+
+
+CALL = '<tool_call>{{"name": "{}", "arguments": {}}}</tool_call>'
+
+
+def test_an_episode_calls_a_tool_then_answers_and_failing_calls_are_answered_with_errors(tokenizer, tools_module):
+    tools = [Tool.from_path(f"{tools_module}:{name}") for name in ("multiply", "act")]
+    renderer, prompt = MessageRenderer(tokenizer), _render(tokenizer, [{"role": "user", "content": "q"}], True)
+    with ToolRunner(tools, timeout_s=2.0) as runner:
+        generate, seen = scripted(tokenizer, [CALL.format("multiply", '{"a": 123, "b": 456}'), "56088"])
+        done = run_episode(prompt, generate, parse_hermes, runner, renderer, Limits())
+        assert (done.end, done.answer, done.tool_calls, done.tool_errors) == ("answered", "56088", 1, 0)
+        assert done.episode.messages[1] == {"role": "tool", "content": "56088"}
+        assert seen[1][0] == done.episode.context_ids[: len(seen[1][0])]  # turn 2 continued from the episode's ids
+        assert seen[1][1] == Limits().max_tokens - (len(seen[1][0]) - len(prompt))  # its budget is what was left
+
+        # A tool that raises, a malformed call, and a tool that hangs: each answered with an error, and on it goes.
+        turns = [
+            CALL.format("act", '{"how": "raise"}') + "<tool_call>{oops}</tool_call>",
+            CALL.format("act", '{"how": "hang"}'),
+            "gave up",
+        ]
+        done = run_episode(prompt, scripted(tokenizer, turns)[0], parse_hermes, runner, renderer, Limits())
+        assert (done.end, done.answer, done.tool_calls, done.tool_errors) == ("answered", "gave up", 3, 3)
+        tool_messages = [m["content"] for m in done.episode.messages if m["role"] == "tool"]
+        assert "boom from the tool" in tool_messages[0] and "not JSON" in tool_messages[1]
+        assert "ran past 2.0s" in tool_messages[2] and done.env_s >= 2.0
+        assert sum(done.episode.loss_mask) == sum(len(tokenizer.encode(t, add_special_tokens=False)) + 1 for t in turns)
+
+
+def test_each_episode_limit_ends_the_episode_or_refuses_the_call(tokenizer, tools_module):
+    tools = [Tool.from_path(f"{tools_module}:multiply")]
+    renderer, prompt = MessageRenderer(tokenizer), _render(tokenizer, [{"role": "user", "content": "q"}], True)
+    call = CALL.format("multiply", '{"a": 2, "b": 3}')
+    with ToolRunner(tools, timeout_s=5.0) as runner:
+        done = run_episode(
+            prompt, scripted(tokenizer, [call] * 5)[0], parse_hermes, runner, renderer, Limits(max_turns=2)
+        )
+        assert (done.end, done.episode.model_turns, done.tool_calls) == ("max_turns", 2, 1)
+        two_calls = [call + call, "6"]
+        limits = Limits(max_tool_calls=1)
+        done = run_episode(prompt, scripted(tokenizer, two_calls)[0], parse_hermes, runner, renderer, limits)
+        assert (done.end, done.tool_calls, done.tool_errors) == ("answered", 2, 1)
+        assert "no more tool calls" in done.episode.messages[2]["content"]
+        done = run_episode(prompt, scripted(tokenizer, [call], "length")[0], parse_hermes, runner, renderer, Limits())
+        assert (done.end, done.tool_calls) == ("length", 0)  # a turn cut short is not read for calls
+        tight = Limits(max_tokens=len(tokenizer.encode(call, add_special_tokens=False)) + 3)
+        done = run_episode(prompt, scripted(tokenizer, [call, "6"])[0], parse_hermes, runner, renderer, tight)
+        assert done.end == "max_tokens" and done.episode.model_turns == 1
+    with pytest.raises(ValueError, match="limit"):
+        Limits(max_turns=0)

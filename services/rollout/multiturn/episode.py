@@ -27,16 +27,17 @@ class MessageRenderer:
             raise ValueError("multi-turn episodes need a tokenizer with a chat template (task.chat_template = true)")
         self.tokenizer = tokenizer
 
-    def ids(self, message: Mapping[str, Any], turn_end: int) -> list[int]:
-        """The ids of `message` after a model turn that ended with the token `turn_end` (the stop token the engine
-        sampled). ValueError where the template renders the earlier turns differently once the message follows, or
-        never ends a model turn with `turn_end`: appending ids would then not be what the template gives."""
+    def ids(self, messages: Sequence[Mapping[str, Any]], turn_end: int) -> list[int]:
+        """The ids of `messages` (one or more, e.g. a turn's tool results) after a model turn that ended with the
+        token `turn_end` (the stop token the engine sampled), and the next turn's generation prompt. ValueError
+        where the template renders the earlier turns differently once the messages follow, or never ends a model
+        turn with `turn_end`: appending ids would then not be what the template gives."""
         before = self._render([*_BEFORE], generation_prompt=False)
-        after = self._render([*_BEFORE, dict(message)], generation_prompt=True)
+        after = self._render([*_BEFORE, *map(dict, messages)], generation_prompt=True)
         if after[: len(before)] != before:
             raise ValueError(
-                f"the chat template renders the turns before a {message.get('role')!r} message differently once it "
-                "follows: its ids cannot be appended without re-tokenizing the episode"
+                f"the chat template renders the turns before a {messages[0].get('role')!r} message differently once "
+                "it follows: its ids cannot be appended without re-tokenizing the episode"
             )
         if turn_end not in before:
             raise ValueError(f"the chat template never ends a model turn with token {turn_end}")
@@ -73,12 +74,12 @@ class Episode:
         self.messages.append({"role": "assistant", "content": text})
         self.model_turns += 1
 
-    def add_message(self, message: Mapping[str, str], ids: Sequence[int]) -> None:
-        """An environment message, with the ids MessageRenderer.ids gave it."""
+    def add_messages(self, messages: Sequence[Mapping[str, str]], ids: Sequence[int]) -> None:
+        """Environment messages, with the ids MessageRenderer.ids gave them."""
         self.response_ids += [int(i) for i in ids]
         self.logprobs += [0.0] * len(ids)
         self.loss_mask += [0] * len(ids)
-        self.messages.append(dict(message))
+        self.messages += [dict(m) for m in messages]
 
     @property
     def context_ids(self) -> list[int]:
