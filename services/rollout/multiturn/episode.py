@@ -18,7 +18,7 @@ _BEFORE = ({"role": "user", "content": "."}, {"role": "assistant", "content": ".
 
 
 class MessageRenderer:
-    """The ids a chat template gives one message that follows a finished model turn, the next turn's generation
+    """The ids a chat template gives the messages that follow a finished model turn, the next turn's generation
     prompt included: `<|im_end|>` ends the model's turn as sampled; this gives `\\n<|im_start|>tool\\n42<|im_end|>\\n
     <|im_start|>assistant\\n` (ChatML) for a tool message "42"."""
 
