@@ -141,7 +141,10 @@ def main() -> int:
         ]
         # This step's prompts, in order (one call per step), and its rewards.
         emit("batch", prompts=list(dict.fromkeys(text)), rewards=scores, tokens=sum(map(len, completion_ids)))
+        scored_at.append(time.monotonic())  # the step's generation (and its weight sync to vLLM) ends here
         return scores
+
+    scored_at: list[float] = []
 
     budget_s = run.train_minutes * 60
 
@@ -150,6 +153,7 @@ def main() -> int:
 
         def __init__(self):
             self.start, self.eval_s, self.model = time.monotonic(), 0.0, None
+            self.step_began = 0.0
 
         def train_s(self) -> float:
             return time.monotonic() - self.start - self.eval_s
@@ -167,12 +171,20 @@ def main() -> int:
             self.record(0)
             self.start, self.eval_s = time.monotonic(), 0.0  # the clock starts at the first step
 
+        def on_step_begin(self, args, state, control, **_):
+            if state.global_step % cfg.trainer.minibatches == 0:  # the first optimizer step of a generated batch
+                self.step_began = time.monotonic()
+
         def on_step_end(self, args, state, control, **_):
             # TRL counts optimizer steps: trainer.minibatches of them make one of our steps (one generated batch).
             if state.global_step % cfg.trainer.minibatches:
                 return
             step = state.global_step // cfg.trainer.minibatches
-            emit("step", step=step, train_s=self.train_s())
+            # The step's time, split where its rewards were scored: before, the weight sync and generation; after,
+            # the advantages, log-prob passes, loss, backward and optimizer (TRL's step is one process).
+            total_s = time.monotonic() - self.step_began
+            generation_s = scored_at[-1] - self.step_began if scored_at else None
+            emit("step", step=step, train_s=self.train_s(), total_s=total_s, generation_s=generation_s)
             if budget_s and self.train_s() >= budget_s:
                 control.should_training_stop = True
             if step % run.eval_every == 0 or control.should_training_stop:

@@ -183,10 +183,27 @@ def final_accuracy(curve: list[dict]) -> float:
     return sum(last) / len(last)
 
 
+def trl_step_breakdown(steps: list[dict]) -> dict[str, float] | None:
+    """TRL's step split where its rewards were scored: the weight sync and generation before, the rest of the step
+    (advantages, log-prob passes, loss, backward, optimizer) after. None for results made before it was recorded."""
+    timed = [s for s in steps if s.get("generation_s") is not None]
+    if not timed:
+        return None
+    return {
+        "total_s": _median([s["total_s"] for s in timed]),
+        "sync_and_generation_s": _median([s["generation_s"] for s in timed]),
+        "after_generation_s": _median([s["total_s"] - s["generation_s"] for s in timed]),
+    }
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]  # as step_breakdown: the upper median, a value of the run
+
+
 def step_breakdown(rows: list[dict]) -> dict[str, float]:
     steps = [r for r in rows if "timing/total_s" in r]
     keys = ("timing/total_s", "timing/generation_s", "timing/policy_training_s", "timing/refit_s", "timing/logprobs_s")
-    return {k: sorted(r[k] for r in steps)[len(steps) // 2] for k in keys}
+    return {k: _median([r[k] for r in steps]) for k in keys}
 
 
 def tokens_per_s(trl: list[dict], ours: list[dict], cfg: RunConfig) -> dict[str, float | None]:
@@ -217,6 +234,7 @@ def compare(
         "trl_final_accuracy": final_accuracy(tc),
         "ours_final_accuracy": final_accuracy(oc),
         "trl_seconds_per_step": trl_steps[-1]["train_s"] / trl_steps[-1]["step"] if trl_steps else None,
+        "trl_step_breakdown_median_s": trl_step_breakdown(trl_steps),
         "ours_step_breakdown_median_s": step_breakdown(ours),
         "seconds_to": {
             str(t): {"trl": seconds_to(tc, t), "ours": seconds_to(oc, t)}

@@ -54,6 +54,9 @@ def test_a_tiny_head_to_head_trains_both_sides_and_writes_both_curves(tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0  # the plot of both curves
     breakdown = result["ours_step_breakdown_median_s"]
     assert breakdown["timing/total_s"] >= breakdown["timing/policy_training_s"] > 0
+    trl_breakdown = result["trl_step_breakdown_median_s"]  # TRL's step split where its rewards were scored
+    assert trl_breakdown["total_s"] > trl_breakdown["sync_and_generation_s"] > 0
+    assert trl_breakdown["after_generation_s"] > 0
     # Each side's start-up apart from its training, its steps and its completion tokens per training second.
     for side in ("trl", "ours"):
         assert result["startup_s"][side] > 0 and result["steps"][side] == 3
