@@ -7,6 +7,7 @@ memory costs the call, never the caller.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -35,6 +36,32 @@ def _watch_parent(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(1.0)
     os._exit(0)
+
+
+def import_function(path: str, kind: str = "function") -> Callable[..., Any]:
+    """The callable at import path ``pkg.module:function`` (a reward, a tool); ValueError naming what is wrong."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{kind} {path!r} is not an import path pkg.module:function")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except Exception as e:
+        raise ValueError(f"cannot import {kind} {path!r}: {type(e).__name__}: {e}") from e
+    if not callable(fn):
+        raise ValueError(f"{kind} {path!r} is not callable (it is a {type(fn).__name__})")
+    return fn
+
+
+def serve(conn: multiprocessing.connection.Connection, handle: Callable[[Any], None]) -> None:
+    """A child's loop after its "ready": handle each message (it sends its own answers) until None or EOF."""
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        handle(message)
 
 
 class Child:

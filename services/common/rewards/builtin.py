@@ -15,6 +15,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from services.common.child import import_function
+
 RewardFn = Callable[[str, str, str, dict], float]
 
 _BOXED = re.compile(r"\\boxed\s*\{")
@@ -179,17 +181,10 @@ def load_reward(name: str) -> RewardFn:
     """A BUILTIN reward by name, or the function at import path ``pkg.module:function``."""
     if name in BUILTIN:
         return BUILTIN[name]
-    module_name, sep, attr = name.partition(":")
-    if not sep or not module_name or not attr:
+    if ":" not in name:
         builtin = ", ".join(sorted(BUILTIN))
         raise ValueError(f"unknown reward {name!r}; built in: {builtin}; or give an import path pkg.module:function")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except Exception as e:
-        raise ValueError(f"cannot import reward {name!r}: {type(e).__name__}: {e}") from e
-    if not callable(fn):
-        raise ValueError(f"reward {name!r} is not callable (it is a {type(fn).__name__})")
-    return fn
+    return import_function(name, "reward")
 
 
 def full_marks(score: float) -> bool:

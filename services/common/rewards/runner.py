@@ -11,7 +11,7 @@ import numbers
 import threading
 from dataclasses import dataclass
 
-from services.common.child import Child, ChildLost, child_setup
+from services.common.child import Child, ChildLost, child_setup, serve
 
 from .builtin import _PRELOAD, RewardFn, load_reward
 
@@ -55,13 +55,8 @@ def _child_main(conn: multiprocessing.connection.Connection, sys_path: list[str]
         except BaseException as e:
             fns[name] = f"{type(e).__name__}: {e}"
     conn.send("ready")
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        if message is None:
-            return
+
+    def handle(message: tuple) -> None:
         calls, items = message
         for index, name in calls:
             fn, item = fns[name], items[index]
@@ -71,6 +66,8 @@ def _child_main(conn: multiprocessing.connection.Connection, sys_path: list[str]
                 conn.send((_as_score(fn(item.prompt, item.completion, item.answer, item.metadata)), None))
             except BaseException as e:
                 conn.send((0.0, f"{type(e).__name__}: {e}"))
+
+    serve(conn, handle)
 
 
 class RewardRunner:

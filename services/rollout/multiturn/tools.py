@@ -4,7 +4,6 @@ killable child process with a timeout."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import multiprocessing.connection
 import re
@@ -13,21 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.child import Child, ChildLost, child_setup
-
-
-def import_function(path: str) -> Callable[..., Any]:
-    """The function at import path ``pkg.module:function``; ValueError naming what is wrong."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{path!r} is not an import path pkg.module:function")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except Exception as e:
-        raise ValueError(f"cannot import {path!r}: {type(e).__name__}: {e}") from e
-    if not callable(fn):
-        raise ValueError(f"{path!r} is not callable (it is a {type(fn).__name__})")
-    return fn
+from services.common.child import Child, ChildLost, child_setup, import_function, serve
 
 
 @dataclass(frozen=True)
@@ -45,7 +30,7 @@ class Tool:
         missing otherwise."""
         from transformers.utils import get_json_schema
 
-        fn = import_function(path)
+        fn = import_function(path, "tool")
         try:
             schema = get_json_schema(fn)
         except Exception as e:  # its own error types differ between versions; the message names the gap
@@ -145,17 +130,12 @@ def _tool_main(conn: multiprocessing.connection.Connection, sys_path: list[str],
     fns: dict[str, Callable[..., Any] | str] = {}
     for name, path in paths.items():
         try:
-            fns[name] = import_function(path)
+            fns[name] = import_function(path, "tool")
         except BaseException as e:
             fns[name] = f"{type(e).__name__}: {e}"
     conn.send("ready")
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        if message is None:
-            return
+
+    def handle(message: tuple) -> None:
         name, arguments = message
         try:
             fn = fns[name]
@@ -164,6 +144,8 @@ def _tool_main(conn: multiprocessing.connection.Connection, sys_path: list[str],
             conn.send((_as_text(fn(**arguments)), ""))
         except BaseException as e:
             conn.send(("", f"{type(e).__name__}: {e}"))
+
+    serve(conn, handle)
 
 
 class ToolRunner:
