@@ -131,3 +131,59 @@ class Child:
             except OSError:
                 pass
         self.stop()
+
+
+def _functions_main(conn: multiprocessing.connection.Connection, sys_path: list[str], paths: dict[str, str]) -> None:
+    """Child loop of Functions: receive (name, kwargs), call the function, send (value, error)."""
+    child_setup(sys_path)
+    fns: dict[str, Callable[..., Any] | str] = {}
+    for name, path in paths.items():
+        try:
+            fns[name] = import_function(path)
+        except BaseException as e:
+            fns[name] = f"{type(e).__name__}: {e}"
+    conn.send("ready")
+
+    def handle(message: tuple) -> None:
+        name, kwargs = message
+        try:
+            fn = fns[name]
+            if isinstance(fn, str):
+                raise RuntimeError(f"cannot load {name} in its process: {fn}")
+            value = fn(**kwargs)
+        except BaseException as e:
+            conn.send((None, f"{type(e).__name__}: {e}"))
+            return
+        try:
+            conn.send((value, ""))
+        except Exception as e:  # pickling fails before anything is written: the pipe stays in step
+            conn.send((None, f"{name} returned a value that cannot be sent back: {type(e).__name__}: {e}"))
+
+    serve(conn, handle)
+
+
+class Functions:
+    """User functions by name (import paths), called one at a time in one long-lived child with a timeout: a call
+    that raises, hangs or kills the child gives (None, why), never an exception to the caller; the child is replaced
+    on the next call."""
+
+    def __init__(self, paths: dict[str, str], timeout_s: float, kind: str, startup_timeout_s: float = 120.0):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.timeout_s, self.kind = timeout_s, kind
+        self._child = Child(_functions_main, (dict(paths),), kind, startup_timeout_s)
+        self._lock = threading.Lock()
+
+    def call(self, name: str, kwargs: dict[str, Any]) -> tuple[Any, str]:
+        """(the function's value, "") or (None, why it gave none)."""
+        with self._lock:
+            try:
+                self._child.conn().send((name, kwargs))
+                return self._child.receive(self.timeout_s, f"{name} ran past {self.timeout_s}s")
+            except (ChildLost, OSError, EOFError) as e:
+                self._child.stop()
+                return None, str(e)
+
+    def close(self) -> None:
+        with self._lock:
+            self._child.close()

@@ -14,7 +14,7 @@ from services.common.tasks import Prompt, PromptOrder, PromptRenderer, TaskData,
 class PromptFeed:
     def __init__(self, cfg: RunConfig, data: TaskData | None, cursor: int = 0):
         task = cfg.task
-        self.renderer = PromptRenderer(cfg.model.path, task.system_prompt, task.chat_template)
+        self.renderer = PromptRenderer(cfg.model.path, task.system_prompt, task.chat_template, task.episode.tools)
         self.name = f"reasoning_gym/{task.generator}" if task.name == "reasoning_gym" else task.name
         self.eval_prompts: list[Prompt] = data.eval if data else []
         self._train = data.train if data else []

@@ -19,7 +19,7 @@ from .checkpointing import Checkpoints
 from .evaluation import eval_metrics
 from .feed import PromptFeed
 from .loggers import make_loggers
-from .metrics import MetricsLog, SampleLog, response_metrics
+from .metrics import MetricsLog, SampleLog, env_seconds, response_metrics
 from .refits import Refit, Refits
 from .run_record import CoordinatorState, RunRecord
 from .state import RunState
@@ -175,6 +175,7 @@ class GrpoLoop:
                         rollout_logprobs=t.logprobs,
                         advantage=a,
                         trajectory_id=t.trajectory_id,
+                        loss_mask=t.loss_mask,
                     )
                 )
         return sequences
@@ -228,6 +229,8 @@ class GrpoLoop:
                 "timing/total_s": time.perf_counter() - start,
             }
         )
+        if self.cfg.task.episode.multi_turn:
+            m["timing/env_s"] = env_seconds(groups)
         if self.cfg.coordinator.dynamic_sampling:
             m["data/refill_groups"] = float(batch.num_refilled)
         if self.cfg.coordinator.max_staleness:

@@ -111,7 +111,7 @@ class MetricsLog:
 def response_metrics(trajectories: list[queue_pb2.Trajectory]) -> dict[str, float]:
     """How the batch's completions ended, and each reward's mean (unweighted) beside the weighted reward/mean."""
     n = len(trajectories)
-    num_tokens = sum(len(t.logprobs) for t in trajectories)
+    num_tokens = sum(sum(t.loss_mask) if t.loss_mask else len(t.logprobs) for t in trajectories)  # the model's
     m = {
         "response/max_tokens_frac": sum(t.finish_reason == "length" for t in trajectories) / n,
         "response/eos_frac": sum(t.finish_reason == "stop" for t in trajectories) / n,
@@ -123,7 +123,31 @@ def response_metrics(trajectories: list[queue_pb2.Trajectory]) -> dict[str, floa
     }
     for name in sorted({k for t in trajectories for k in t.reward_components}):
         m[f"reward/{name}"] = sum(t.reward_components.get(name, 0.0) for t in trajectories) / n
-    return m
+    return m | episode_metrics(trajectories)
+
+
+def episode_metrics(trajectories: list[queue_pb2.Trajectory]) -> dict[str, float]:
+    """Multi-turn episodes (task.episode): turns, tool calls and their errors, environments that failed, length (the
+    environment's tokens included); {} for single completions."""
+    n = len(trajectories)
+    if not n or not any(t.turns for t in trajectories):
+        return {}
+    return {
+        "episode/turns_mean": sum(t.turns for t in trajectories) / n,
+        "episode/tool_calls_mean": sum(t.tool_calls for t in trajectories) / n,
+        "episode/tool_errors": float(sum(t.tool_errors for t in trajectories)),
+        "episode/env_errors": float(sum(t.episode_end == "env_error" for t in trajectories)),
+        "episode/length_mean": sum(len(t.response_ids) for t in trajectories) / n,
+    }
+
+
+def env_seconds(groups: list[queue_pb2.TrajectoryGroup]) -> float:
+    """timing/env_s: the environment's seconds inside the step's generation. A worker answers its episodes one after
+    another, and workers run side by side: the most any one worker spent."""
+    per_worker: dict[str, float] = {}
+    for g in groups:
+        per_worker[g.worker_id] = per_worker.get(g.worker_id, 0.0) + sum(t.env_s for t in g.trajectories)
+    return max(per_worker.values(), default=0.0)
 
 
 class SampleLog:
@@ -152,6 +176,10 @@ class SampleLog:
                 "reward": g.trajectories[0].reward,
                 "finish_reason": g.trajectories[0].finish_reason,
                 "policy_version": g.policy_version,
+                # A multi-turn episode: every message after the prompt, the environment's included.
+                **(
+                    {"messages": json.loads(g.trajectories[0].messages_json)} if g.trajectories[0].messages_json else {}
+                ),
             }
             for p, g in list(zip(prompts, groups))[:count]
         ]

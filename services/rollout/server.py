@@ -14,6 +14,7 @@ from services.common.queue import WorkQueue, connect
 from services.common.rewards import RewardRunner
 from services.common.tokenizer import Vocab
 
+from .multiturn.runner import EpisodeRunner
 from .servicer import EngineState, RolloutServicer
 from .worker import WorkerLimits, await_current_weights, beat, run_worker
 
@@ -52,8 +53,12 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
     freeze_startup_heap()
     rewards = RewardRunner(cfg.task.reward_weights(), cfg.task.reward_timeout_s)
     limits = WorkerLimits(cfg.rollout.max_num_seqs, cfg.rollout.max_model_len, cfg.rollout.lease_timeout_s)
+    vocab = Vocab.from_model_dir(cfg.model.path)
+    episodes = EpisodeRunner(cfg.task.episode, cfg.model.path, vocab) if cfg.task.episode.multi_turn else None
     try:
-        run_worker(queue, state, Vocab.from_model_dir(cfg.model.path), rewards, limits, stop)
+        run_worker(queue, state, vocab, rewards, limits, stop, episodes)
     finally:
+        if episodes is not None:
+            episodes.close()
         rewards.close()
         server.stop(1).wait()

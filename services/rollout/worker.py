@@ -1,4 +1,5 @@
-"""The rollout loop: claim prompt work, generate every claimed group in one engine call, score, publish, ack."""
+"""The rollout loop: claim prompt work, generate every claimed group in one engine call (multi-turn: one call per
+round of turns), score, publish, ack."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from services.common.rewards import RewardInput, RewardRunner
 from services.common.tokenizer import Vocab
 
 from .engine import Request, Sample
+from .multiturn.loop import EpisodeResult
+from .multiturn.runner import EpisodeRunner
 from .servicer import EngineState
 
 log = logging.getLogger(__name__)
@@ -85,30 +88,35 @@ def peak_mem_GiB() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
 
 
-def build_group(
-    work: queue_pb2.PromptWork, samples: list[Sample], version: int, state: EngineState, vocab: Vocab, rewards
-) -> queue_pb2.TrajectoryGroup:
-    metadata = json.loads(work.task.metadata_json or "{}")
-    texts = [vocab.decode(s.token_ids) for s in samples]
-    inputs = [
-        RewardInput(
-            work.task.prompt,
-            text,
-            work.task.answer,
-            {**metadata, "finish_reason": s.finish_reason, "num_tokens": len(s.token_ids)},
-        )
-        for s, text in zip(samples, texts)
-    ]
-    group = queue_pb2.TrajectoryGroup(
+def _group(work: queue_pb2.PromptWork, version: int, state: EngineState) -> queue_pb2.TrajectoryGroup:
+    return queue_pb2.TrajectoryGroup(
         run_id=work.run_id,
         step=work.step,
         prompt_index=work.prompt_index,
         prompt_ids=work.prompt_ids,
-        policy_version=min((v for s in samples for v in s.versions), default=version),  # the oldest token's
+        policy_version=version,
         worker_id=state.worker_id,
         eval=work.eval,
         peak_mem_GiB=peak_mem_GiB(),
     )
+
+
+def _reward_inputs(work: queue_pb2.PromptWork, texts: list[str], ends: list[tuple[str, int]]) -> list[RewardInput]:
+    """What the rewards score: each text, with its finish reason and token count in the row's metadata."""
+    metadata = json.loads(work.task.metadata_json or "{}")
+    return [
+        RewardInput(work.task.prompt, text, work.task.answer, {**metadata, "finish_reason": f, "num_tokens": n})
+        for text, (f, n) in zip(texts, ends)
+    ]
+
+
+def build_group(
+    work: queue_pb2.PromptWork, samples: list[Sample], version: int, state: EngineState, vocab: Vocab, rewards
+) -> queue_pb2.TrajectoryGroup:
+    texts = [vocab.decode(s.token_ids) for s in samples]
+    inputs = _reward_inputs(work, texts, [(s.finish_reason, len(s.token_ids)) for s in samples])
+    # The oldest token's version, where a refit landed during the generation.
+    group = _group(work, min((v for s in samples for v in s.versions), default=version), state)
     for i, (s, text, scored) in enumerate(zip(samples, texts, rewards.score(inputs))):
         group.trajectories.append(
             queue_pb2.Trajectory(
@@ -125,6 +133,46 @@ def build_group(
             )
         )
     return group
+
+
+def episode_group(
+    work: queue_pb2.PromptWork, results: list[EpisodeResult], version: int, state: EngineState, rewards
+) -> queue_pb2.TrajectoryGroup:
+    """One trajectory per episode: every turn's ids, the loss mask over the model's, the last model turn scored by
+    the task's rewards (0 where the environment failed)."""
+    if failed := next((r for r in results if r.end == "engine_error"), None):
+        raise ValueError(failed.errors[0])
+    finish = ["length" if r.end in ("length", "max_tokens") else "stop" for r in results]
+    last_turn_tokens = [len(r.episode.response_ids) - _last_turn_start(r.episode.loss_mask) for r in results]
+    inputs = _reward_inputs(work, [r.answer for r in results], list(zip(finish, last_turn_tokens)))
+    group = _group(work, version, state)
+    for i, (r, f, scored) in enumerate(zip(results, finish, rewards.score(inputs))):
+        env_failed = r.end == "env_error"
+        group.trajectories.append(
+            queue_pb2.Trajectory(
+                trajectory_id=trajectory_id(work, i),
+                response_ids=r.episode.response_ids,
+                logprobs=r.episode.logprobs,
+                reward=0.0 if env_failed else scored.total,
+                finish_reason=f,
+                text=r.answer,
+                reward_components={} if env_failed else scored.components,
+                reward_errors=scored.errors,
+                loss_mask=[bool(m) for m in r.episode.loss_mask] if 0 in r.episode.loss_mask else [],
+                turns=r.episode.model_turns,
+                tool_calls=r.tool_calls,
+                tool_errors=r.tool_errors,
+                env_s=r.env_s,
+                episode_end=r.end,
+                messages_json=json.dumps(r.episode.messages),
+            )
+        )
+    return group
+
+
+def _last_turn_start(loss_mask: list[int]) -> int:
+    """Index where the last model turn starts (after the last environment token)."""
+    return len(loss_mask) - loss_mask[::-1].index(0) if 0 in loss_mask else 0
 
 
 def rejected(work: queue_pb2.PromptWork, state: EngineState, why: str) -> queue_pb2.TrajectoryGroup:
@@ -145,6 +193,7 @@ def process(
     vocab: Vocab,
     rewards: RewardRunner,
     limits: WorkerLimits,
+    episodes: EpisodeRunner | None = None,
 ) -> list[tuple[str, queue_pb2.TrajectoryGroup]]:
     start = time.perf_counter()
     done: list[tuple[str, queue_pb2.TrajectoryGroup]] = []
@@ -156,14 +205,20 @@ def process(
         else:
             ok.append((entry_id, work))
     if ok:
-        outs, version = generate(state, [w for _, w in ok])
+        if episodes is None:
+            outs, version = generate(state, [w for _, w in ok])
+        else:
+            outs, version = episodes.run(state, [w for _, w in ok])
         generation_s = time.perf_counter() - start
         for (entry_id, work), out in zip(ok, outs):
             if isinstance(out, str):
                 done.append((entry_id, rejected(work, state, out)))
                 continue
             try:
-                group = build_group(work, out, version, state, vocab, rewards)
+                if episodes is None:
+                    group = build_group(work, out, version, state, vocab, rewards)
+                else:
+                    group = episode_group(work, out, version, state, rewards)
             except Exception as e:  # one item's failure is its own error group, never the worker's death: a dead
                 # worker leaves the whole batch unacked, and the next worker to claim it would die the same way
                 done.append((entry_id, rejected(work, state, f"building the group failed: {type(e).__name__}: {e}")))
@@ -229,6 +284,7 @@ def run_worker(
     rewards: RewardRunner,
     limits: WorkerLimits,
     stop: threading.Event,
+    episodes: EpisodeRunner | None = None,
 ) -> None:
     queue.ensure_group()
     just_worked, gc_clock = False, GcClock()
@@ -261,7 +317,7 @@ def run_worker(
             state.idle_s += time.perf_counter() - slept_since
             continue
         started, gc_s, gc_full = time.perf_counter(), gc_clock.seconds, gc_clock.full_collections
-        done = process(claimed, state, vocab, rewards, limits)
+        done = process(claimed, state, vocab, rewards, limits, episodes)
         processed = time.perf_counter()
         # Each group goes to Redis, then its prompt is acked: a crash before the ack re-leases the prompt.
         for entry_id, group in done:

@@ -32,7 +32,7 @@ class Op(enum.IntEnum):
 
 
 def to_seqs(sequences: Iterable[trainer_pb2.Sequence]) -> list[Seq]:
-    return [Seq(list(s.prompt_ids), list(s.response_ids)) for s in sequences]
+    return [Seq(list(s.prompt_ids), list(s.response_ids), list(s.loss_mask)) for s in sequences]
 
 
 class Executor:

@@ -38,7 +38,10 @@ class BatchTokens:
     advantages_N: Tensor
     rollout_logp_N: Tensor
     weights_N: Tensor
-    """Each token's weight in the batch loss (the normaliser of cfg.loss.name folded in)."""
+    """Each token's weight in the batch loss (the normaliser of cfg.loss.name folded in); 0 on an environment's."""
+    mask_N: Tensor
+    """1 on the policy's tokens, 0 on those an environment wrote (multi-turn): never in the loss, the KL, the
+    entropy or the mismatch."""
     ref_logp_N: Tensor | None
     old_logp_N: Tensor | None = None
     """pi_old from a pass before the first optimizer step; None: the training forward's own logprobs."""
@@ -123,7 +126,8 @@ class Engine:
             steps.append(self._step(self._plan(seqs[lo:hi]), part))
         metrics = {k: sum(m[k] for m in steps) / len(steps) for k in steps[0]}
         rollout_N = torch.tensor([lp for lps in rollout for lp in lps], device=old_N.device)
-        metrics["mismatch/mult_prob_error"] = mult_prob_error(old_N, rollout_N).item()
+        policy_N = torch.tensor([m for s in seqs for m in s.mask()], device=old_N.device) > 0
+        metrics["mismatch/mult_prob_error"] = mult_prob_error(old_N[policy_N], rollout_N[policy_N]).item()
         return metrics
 
     @property
@@ -225,8 +229,10 @@ class Engine:
         response_lens_B = torch.tensor([len(s.response_ids) for s in seqs])
         adv_N = torch.repeat_interleave(torch.tensor(advantages, dtype=torch.float32), response_lens_B)
         rollout_N = torch.tensor([lp for seq_lps in rollout_logprobs for lp in seq_lps], dtype=torch.float32)
-        weights_N = loss_weights(self.cfg.loss, response_lens_B, self.max_tokens)
-        return BatchTokens(adv_N.to(self.device), rollout_N.to(self.device), weights_N.to(self.device), ref_N)
+        mask_N = torch.tensor([m for s in seqs for m in s.mask()], dtype=torch.float32)
+        weights_N = loss_weights(self.cfg.loss, response_lens_B, self.max_tokens, mask_N)
+        d = self.device
+        return BatchTokens(adv_N.to(d), rollout_N.to(d), weights_N.to(d), mask_N.to(d), ref_N)
 
     @torch.no_grad()
     def _flat_logprobs(self, model: nn.Module, seqs: list[Seq], plans: list[list[Packed | None]]) -> Tensor:
@@ -314,11 +320,7 @@ class Engine:
             sums_4 += stats_4
             old_N[mb.token_index_R.to(self.device)] = logp_R
         grad_norm = self._clip_and_step()
-        dist.all_reduce(sums_4)
-        dist.all_reduce(old_N)  # each token was written by exactly one rank
-        mismatch = mult_prob_error(old_N, batch.rollout_logp_N).item()
-        metrics = self._loss_metrics(sums_4, old_N.numel())
-        return {**metrics, "grad_norm": grad_norm, "mismatch/mult_prob_error": mismatch}
+        return {**self._step_metrics(sums_4, old_N, batch), "grad_norm": grad_norm}
 
     def _accumulate_unsharded(self, last: bool) -> None:
         """On one rank FSDP's reduce after a micro-batch is a cast and a copy, and the next micro-batch's
@@ -341,7 +343,16 @@ class Engine:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm.item()
 
+    def _step_metrics(self, sums_4: Tensor, old_N: Tensor, batch: BatchTokens) -> dict[str, float]:
+        """The step's loss terms and mismatch over the policy's tokens, from every rank's sums and logprobs."""
+        dist.all_reduce(sums_4)
+        dist.all_reduce(old_N)  # each token was written by exactly one rank
+        policy_N = batch.mask_N > 0
+        mismatch = mult_prob_error(old_N[policy_N], batch.rollout_logp_N[policy_N]).item()
+        return {**self._loss_metrics(sums_4, int(policy_N.sum())), "mismatch/mult_prob_error": mismatch}
+
     def _loss_metrics(self, sums_4: Tensor, num_tokens: int) -> dict[str, float]:
+        """Sums of [weighted loss, kl, entropy, is_weight] over num_tokens policy tokens -> the step's metrics."""
         loss, kl, entropy, is_weight = sums_4.tolist()
         metrics = {"loss": loss, "kl": kl / num_tokens}
         if self.cfg.loss.entropy_coef > 0:  # only computed then: it costs another pass over the vocabulary
@@ -373,11 +384,18 @@ class Engine:
             entropy_R=entropy_R,
             segment_R=mb.segment_R.to(self.device),
             num_segments=len(mb.seq_indices),
+            mask_R=batch.mask_N[idx_R],
         )
         terms = token_objective(self.cfg.loss, inputs)
         weighted_R = terms.loss_R * batch.weights_N[idx_R]
-        entropy_sum = torch.zeros((), device=self.device) if entropy_R is None else entropy_R.detach().sum()
-        sums = [weighted_R.detach().sum(), terms.kl_R.detach().sum(), entropy_sum, terms.is_weight_R.sum()]
+        mask_R = inputs.mask_R
+        entropy_sum = torch.zeros((), device=self.device) if entropy_R is None else (entropy_R.detach() * mask_R).sum()
+        sums = [
+            weighted_R.detach().sum(),
+            (terms.kl_R.detach() * mask_R).sum(),
+            entropy_sum,
+            (terms.is_weight_R * mask_R).sum(),
+        ]
         return weighted_R.sum(), torch.stack(sums)
 
     def _max_over_ranks(self, values: list[float]) -> list[float]:

@@ -43,6 +43,9 @@ class TokenInputs:
     segment_R: Tensor
     """Index of each token's sequence within the micro-batch, in [0, num_segments)."""
     num_segments: int
+    mask_R: Tensor | None = None
+    """1 on the policy's tokens, 0 on an environment's (multi-turn); None: all the policy's. Their loss weights are
+    0 already (loss_weights); this keeps them out of the per-sequence ratios (GSPO, sequence IS weights)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,7 @@ def policy_loss(cfg: LossSection, x: TokenInputs) -> Tensor:
             x.num_segments,
             cfg.clip_eps_low,
             cfg.clip_eps_high,
+            x.mask_R,
         )
     raise ValueError(f"trainer.loss.name must be one of {LOSSES}, got {cfg.name!r}")
 
@@ -78,7 +82,9 @@ def importance_weights(cfg: LossSection, x: TokenInputs) -> Tensor:
     if cfg.importance_sampling == "token":
         return token_is_weights(x.old_logp_R, x.rollout_logp_R, cfg.is_truncation)
     if cfg.importance_sampling == "sequence":
-        return sequence_is_weights(x.old_logp_R, x.rollout_logp_R, x.segment_R, x.num_segments, cfg.is_truncation)
+        return sequence_is_weights(
+            x.old_logp_R, x.rollout_logp_R, x.segment_R, x.num_segments, cfg.is_truncation, x.mask_R
+        )
     raise ValueError(
         f"trainer.loss.importance_sampling must be off, token or sequence, got {cfg.importance_sampling!r}"
     )
@@ -97,11 +103,14 @@ def token_objective(cfg: LossSection, x: TokenInputs) -> TokenTerms:
     return TokenTerms(loss_R, kl_R, is_weight_R)
 
 
-def loss_weights(cfg: LossSection, response_lens_B: Tensor, max_tokens: int = 0) -> Tensor:
+def loss_weights(
+    cfg: LossSection, response_lens_B: Tensor, max_tokens: int = 0, mask_N: Tensor | None = None
+) -> Tensor:
     """Weight of every response token of the batch (flat layout) in the batch loss; max_tokens is the batch's
-    generation budget, Dr.GRPO's normaliser where trainer.loss.dr_grpo_norm_tokens is 0."""
+    generation budget, Dr.GRPO's normaliser where trainer.loss.dr_grpo_norm_tokens is 0. mask_N: 1 on the policy's
+    tokens, 0 on an environment's, which then weigh 0 and count in no normaliser (None: all the policy's)."""
     if cfg.name == "gspo":
-        return sequence_mean_weights(response_lens_B)
+        return sequence_mean_weights(response_lens_B, mask_N)
     if cfg.name == "dr_grpo":
-        return constant_length_weights(response_lens_B, cfg.dr_grpo_norm_tokens or max_tokens)
-    return token_mean_weights(response_lens_B)
+        return constant_length_weights(response_lens_B, cfg.dr_grpo_norm_tokens or max_tokens, mask_N)
+    return token_mean_weights(response_lens_B, mask_N)

@@ -14,6 +14,13 @@ from torch import Tensor
 class Seq:
     prompt_ids: list[int]
     response_ids: list[int]
+    loss_mask: Sequence[bool] = ()
+    """One per response token: True on the policy's, False on those an environment wrote (a multi-turn episode's
+    tool results). Empty: every response token is the policy's."""
+
+    def mask(self) -> list[float]:
+        """1.0 per policy token, 0.0 per environment token."""
+        return [1.0 if m else 0.0 for m in self.loss_mask] if self.loss_mask else [1.0] * len(self.response_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -109,6 +109,10 @@ def _check_training_fields(i: int, s: trainer_pb2.Sequence) -> None:
         raise ValueError(
             f"sequence {i}: {len(s.rollout_logprobs)} rollout_logprobs for {len(s.response_ids)} response tokens"
         )
+    if s.loss_mask and len(s.loss_mask) != len(s.response_ids):
+        raise ValueError(f"sequence {i}: {len(s.loss_mask)} loss_mask values for {len(s.response_ids)} response tokens")
+    if s.loss_mask and not any(s.loss_mask):
+        raise ValueError(f"sequence {i}: loss_mask marks no token as the policy's: nothing to train on")
     if not math.isfinite(s.advantage):
         raise ValueError(f"sequence {i}: advantage must be finite, got {s.advantage}")
 

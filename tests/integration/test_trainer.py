@@ -220,8 +220,15 @@ def test_malformed_requests_are_rejected_and_the_server_keeps_serving(trainer):
     short.CopyFrom(good[1])
     del short.rollout_logprobs[-1]
     bad_token = trainer_pb2.Sequence(prompt_ids=[1, 2], response_ids=[3, 78], rollout_logprobs=[-1.0, -1.0])
+    bad_mask, no_policy_token = trainer_pb2.Sequence(), trainer_pb2.Sequence()
+    bad_mask.CopyFrom(good[0])
+    bad_mask.loss_mask[:] = [True]
+    no_policy_token.CopyFrom(good[0])
+    no_policy_token.loss_mask[:] = [False] * len(good[0].response_ids)
     cases = [
         (stub.Train, trainer_pb2.TrainRequest(sequences=[good[0], short]), "sequence 1"),
+        (stub.Train, trainer_pb2.TrainRequest(sequences=[good[1], bad_mask]), "1 loss_mask values"),
+        (stub.Train, trainer_pb2.TrainRequest(sequences=[no_policy_token]), "marks no token as the policy's"),
         (stub.Train, trainer_pb2.TrainRequest(sequences=[]), "must not be empty"),
         (stub.ComputeLogprobs, trainer_pb2.LogprobsRequest(sequences=[bad_token]), "token id 78"),
         (stub.Save, trainer_pb2.SaveRequest(path=str(trainer["log"])), "not an empty folder"),

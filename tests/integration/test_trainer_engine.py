@@ -62,7 +62,14 @@ AGAINST_REFERENCE = {
         "lr_warmup_steps": 1,
         "lr_schedule_steps": 4,
     },
+    # Multi-turn episodes: tokens an environment wrote (rollout logprob 0.0, as the worker leaves them) stay out of
+    # the loss, the KL, the entropy, the normalisers and the per-sequence ratios; the reference drops them.
+    "multiturn_token_mean": {"loss": {"importance_sampling": "token", "entropy_coef": 0.01}},
+    "multiturn_gspo": {
+        "loss": {"name": "gspo", "importance_sampling": "sequence", "is_truncation": 1e6, "entropy_coef": 0.01}
+    },
 }
+MASKED = {"multiturn_token_mean", "multiturn_gspo"}
 # AdamW's first steps move every parameter by ~lr whatever its gradient's size, so float noise in the
 # gradients shows up in proportion to lr: 10x the base lr for the mini-batch case (a wrong pi_old is off by 2e-2).
 PARAM_TOLERANCE = {"minibatches": 2e-4, "lr_warmup_linear": 2e-4}
@@ -89,6 +96,17 @@ def _batch(vocab: int):
     seqs = [Seq(prompt, [rng.randrange(vocab) for _ in range(r)]) for prompt, (_, r, _) in zip(prompts, shapes)]
     rollout = [[-rng.uniform(4.0, 4.6) for _ in range(r)] for _, r, _ in shapes]
     return seqs, [a for _, _, a in shapes], rollout
+
+
+def _episodes(seqs, rollout):
+    """The batch as multi-turn episodes: some response tokens are an environment's (a tool result after a model
+    turn), with rollout logprob 0.0 as the worker leaves them."""
+    from services.trainer.packing import Seq
+
+    masks = [[1] * 3 + [0] * 4 + [1] * 3, [1] * 5, [1, 1, 0, 0, 1], [1, 0, 0, 0, 1, 1]]
+    episodes = [Seq(s.prompt_ids, s.response_ids, [bool(m) for m in mask]) for s, mask in zip(seqs, masks)]
+    rollout = [[lp if m else 0.0 for lp, m in zip(lps, mask)] for lps, mask in zip(rollout, masks)]
+    return episodes, rollout
 
 
 def _reference_step(model_dir: str, cfg, seqs, advantages, rollout) -> tuple[dict, dict]:
@@ -129,20 +147,23 @@ def _logprobs(model, s):
 
 
 def _reference_update(model, ref, optimizer, cfg, seqs, advantages, rollout, old) -> tuple[dict, dict]:
+    """An environment's tokens (a sequence's loss_mask) are dropped after the forward: the objective sees the
+    policy's tokens only, unmasked."""
     from services.trainer.objective import TokenInputs, loss_weights, token_objective
 
-    lens = torch.tensor([len(s.response_ids) for s in seqs])
+    keep = [torch.tensor(s.mask()) > 0 for s in seqs]
+    lens = torch.tensor([int(k.sum()) for k in keep])
     weights = loss_weights(cfg.loss, lens).split(lens.tolist())
     total, sums = 0.0, {"kl": 0.0, "entropy": 0.0, "mismatch/is_weight_mean": 0.0}
-    for i, (s, adv, roll, w) in enumerate(zip(seqs, advantages, rollout, weights)):
-        logp, entropy = _logprobs(model, s)
+    for i, (s, adv, roll, w, k) in enumerate(zip(seqs, advantages, rollout, weights, keep)):
+        logp, entropy = (t[k] for t in _logprobs(model, s))
         with torch.no_grad():
-            ref_logp, _ = _logprobs(ref, s)
+            ref_logp = _logprobs(ref, s)[0][k]
         x = TokenInputs(
             logp_R=logp,
-            old_logp_R=logp.detach() if old is None else old[i],
+            old_logp_R=logp.detach() if old is None else old[i][k],
             advantages_R=torch.full_like(logp, adv),
-            rollout_logp_R=torch.tensor(roll),
+            rollout_logp_R=torch.tensor(roll)[k],
             ref_logp_R=ref_logp,
             entropy_R=entropy if cfg.loss.entropy_coef > 0 else None,
             segment_R=torch.zeros(len(logp), dtype=torch.long),
@@ -174,9 +195,11 @@ def _worker(model_dir: str, out: str, names: str = ",".join(CASES)) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    seqs, advantages, rollout = _batch(vocab=78)
+    batch = _batch(vocab=78)
+    episodes = (*_episodes(batch[0], batch[2]), batch[1])
     results, params = {}, {}
     for name in names.split(","):
+        seqs, rollout, advantages = episodes if name in MASKED else (batch[0], batch[2], batch[1])
         cfg = TrainerSection(**_fields(name))
         policy = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)
         ref = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)

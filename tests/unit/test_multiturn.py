@@ -7,8 +7,10 @@ import textwrap
 import pytest
 from transformers import AutoTokenizer
 
+from services.common.child import Functions
+from services.rollout.multiturn.environment import Environment, as_messages
 from services.rollout.multiturn.episode import Episode, MessageRenderer
-from services.rollout.multiturn.loop import Limits, Turn, run_episode
+from services.rollout.multiturn.loop import Limits, Turn, run_episode, run_episodes
 from services.rollout.multiturn.tools import PARSERS, Tool, ToolCall, ToolRunner, parse_hermes, parser, resolve
 
 # Tools the runner's child imports by path: one that works, and one each way a tool can fail.
@@ -40,6 +42,16 @@ def act(how: str) -> str:
 
 def untyped(a):
     return a
+
+def retry(messages, task):
+    """Feedback until the model gives the answer; it fails as the answer asks it to."""
+    if task["answer"] == "raise":
+        raise ValueError("boom from the environment")
+    if task["answer"] == "hang":
+        time.sleep(60)
+    if task["answer"] == "model":
+        return {"role": "assistant", "content": "written as the model"}
+    return None if messages[-1]["content"] == task["answer"] else "wrong, try again"
 '''
 
 
@@ -174,7 +186,7 @@ def test_an_episode_calls_a_tool_then_answers_and_failing_calls_are_answered_wit
     renderer, prompt = MessageRenderer(tokenizer), _render(tokenizer, [{"role": "user", "content": "q"}], True)
     with ToolRunner(tools, timeout_s=2.0) as runner:
         generate, seen = scripted(tokenizer, [CALL.format("multiply", '{"a": 123, "b": 456}'), "56088"])
-        done = run_episode(prompt, generate, parse_hermes, runner, renderer, Limits())
+        done = run_episode(prompt, generate, Environment(runner, parse_hermes), renderer, Limits())
         assert (done.end, done.answer, done.tool_calls, done.tool_errors) == ("answered", "56088", 1, 0)
         assert done.episode.messages[1] == {"role": "tool", "content": "56088"}
         assert seen[1][0] == done.episode.context_ids[: len(seen[1][0])]  # turn 2 continued from the episode's ids
@@ -186,7 +198,7 @@ def test_an_episode_calls_a_tool_then_answers_and_failing_calls_are_answered_wit
             CALL.format("act", '{"how": "hang"}'),
             "gave up",
         ]
-        done = run_episode(prompt, scripted(tokenizer, turns)[0], parse_hermes, runner, renderer, Limits())
+        done = run_episode(prompt, scripted(tokenizer, turns)[0], Environment(runner, parse_hermes), renderer, Limits())
         assert (done.end, done.answer, done.tool_calls, done.tool_errors) == ("answered", "gave up", 3, 3)
         tool_messages = [m["content"] for m in done.episode.messages if m["role"] == "tool"]
         assert "boom from the tool" in tool_messages[0] and "not JSON" in tool_messages[1]
@@ -200,18 +212,63 @@ def test_each_episode_limit_ends_the_episode_or_refuses_the_call(tokenizer, tool
     call = CALL.format("multiply", '{"a": 2, "b": 3}')
     with ToolRunner(tools, timeout_s=5.0) as runner:
         done = run_episode(
-            prompt, scripted(tokenizer, [call] * 5)[0], parse_hermes, runner, renderer, Limits(max_turns=2)
+            prompt, scripted(tokenizer, [call] * 5)[0], Environment(runner, parse_hermes), renderer, Limits(max_turns=2)
         )
         assert (done.end, done.episode.model_turns, done.tool_calls) == ("max_turns", 2, 1)
         two_calls = [call + call, "6"]
         limits = Limits(max_tool_calls=1)
-        done = run_episode(prompt, scripted(tokenizer, two_calls)[0], parse_hermes, runner, renderer, limits)
+        done = run_episode(
+            prompt, scripted(tokenizer, two_calls)[0], Environment(runner, parse_hermes), renderer, limits
+        )
         assert (done.end, done.tool_calls, done.tool_errors) == ("answered", 2, 1)
         assert "no more tool calls" in done.episode.messages[2]["content"]
-        done = run_episode(prompt, scripted(tokenizer, [call], "length")[0], parse_hermes, runner, renderer, Limits())
+        done = run_episode(
+            prompt, scripted(tokenizer, [call], "length")[0], Environment(runner, parse_hermes), renderer, Limits()
+        )
         assert (done.end, done.tool_calls) == ("length", 0)  # a turn cut short is not read for calls
         tight = Limits(max_tokens=len(tokenizer.encode(call, add_special_tokens=False)) + 3)
-        done = run_episode(prompt, scripted(tokenizer, [call, "6"])[0], parse_hermes, runner, renderer, tight)
+        done = run_episode(
+            prompt, scripted(tokenizer, [call, "6"])[0], Environment(runner, parse_hermes), renderer, tight
+        )
         assert done.end == "max_tokens" and done.episode.model_turns == 1
     with pytest.raises(ValueError, match="limit"):
         Limits(max_turns=0)
+
+
+def test_episodes_run_in_lockstep_with_an_environment_function_and_a_failing_one_ends_its_episode_only(
+    tokenizer, tools_module
+):
+    renderer = MessageRenderer(tokenizer)
+    answers = {"first": ["first"], "third": ["a", "b", "third"], "raise": ["x"], "hang": ["x"], "model": ["x"]}
+    tasks = [{"prompt": "q", "answer": a, "metadata": {}} for a in answers]
+    scripts = [iter(texts) for texts in answers.values()]
+    prompts = [_render(tokenizer, [{"role": "user", "content": f"q{i}"}], True) for i in range(len(tasks))]
+    calls = []
+
+    def generate_many(asks):
+        calls.append([k for k, _, _ in asks])
+        out = []
+        for k, context, _ in asks:
+            assert context[: len(prompts[k])] == prompts[k]
+            ids = tokenizer.encode(next(scripts[k]), add_special_tokens=False) + [tokenizer.eos_token_id]
+            out.append(Turn(ids, [-0.1] * len(ids), tokenizer.decode(ids, skip_special_tokens=True), "stop"))
+        return out
+
+    env = Environment(respond=Functions({"respond": f"{tools_module}:retry"}, timeout_s=2.0, kind="environment"))
+    try:
+        done = run_episodes(prompts, generate_many, env, renderer, Limits(max_turns=5), tasks)
+    finally:
+        env.close()
+    by_answer = dict(zip(answers, done))
+    assert calls == [[0, 1, 2, 3, 4], [1], [1]]  # one engine call per round, every episode still going in it
+    assert (by_answer["first"].end, by_answer["first"].episode.model_turns) == ("answered", 1)
+    third = by_answer["third"]
+    assert (third.end, third.answer, third.episode.model_turns) == ("answered", "third", 3)
+    assert [m["content"] for m in third.episode.messages if m["role"] == "user"] == ["wrong, try again"] * 2
+    assert third.episode.context_ids[: len(prompts[1])] == prompts[1] and 0 in third.episode.loss_mask
+    for name, why in (("raise", "boom from the environment"), ("hang", "ran past 2.0s"), ("model", "'role'")):
+        failed = by_answer[name]
+        assert failed.end == "env_error" and why in failed.errors[0], (name, failed.errors)
+        assert failed.episode.model_turns == 1
+    assert as_messages("hi") == ([{"role": "user", "content": "hi"}], "")
+    assert "not int" in as_messages(3)[1]

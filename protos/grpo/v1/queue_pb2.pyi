@@ -55,7 +55,7 @@ class PromptWork(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., step: _Optional[int] = ..., prompt_index: _Optional[int] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., policy_version: _Optional[int] = ..., task: _Optional[_Union[TaskSpec, _Mapping]] = ..., eval: _Optional[bool] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("trajectory_id", "response_ids", "logprobs", "reward", "finish_reason", "text", "reward_components", "reward_errors", "token_versions")
+    __slots__ = ("trajectory_id", "response_ids", "logprobs", "reward", "finish_reason", "text", "reward_components", "reward_errors", "token_versions", "loss_mask", "turns", "tool_calls", "tool_errors", "env_s", "episode_end", "messages_json")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,13 @@ class Trajectory(_message.Message):
     REWARD_COMPONENTS_FIELD_NUMBER: _ClassVar[int]
     REWARD_ERRORS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ENV_S_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_END_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     response_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
@@ -81,7 +88,14 @@ class Trajectory(_message.Message):
     reward_components: _containers.ScalarMap[str, float]
     reward_errors: int
     token_versions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, trajectory_id: _Optional[str] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., token_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+    loss_mask: _containers.RepeatedScalarFieldContainer[bool]
+    turns: int
+    tool_calls: int
+    tool_errors: int
+    env_s: float
+    episode_end: str
+    messages_json: str
+    def __init__(self, trajectory_id: _Optional[str] = ..., response_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., reward_errors: _Optional[int] = ..., token_versions: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[bool]] = ..., turns: _Optional[int] = ..., tool_calls: _Optional[int] = ..., tool_errors: _Optional[int] = ..., env_s: _Optional[float] = ..., episode_end: _Optional[str] = ..., messages_json: _Optional[str] = ...) -> None: ...
 
 class TrajectoryGroup(_message.Message):
     __slots__ = ("run_id", "step", "prompt_index", "prompt_ids", "policy_version", "trajectories", "worker_id", "generation_s", "error", "eval", "peak_mem_GiB")

@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Sequence(_message.Message):
-    __slots__ = ("prompt_ids", "response_ids", "rollout_logprobs", "advantage", "trajectory_id")
+    __slots__ = ("prompt_ids", "response_ids", "rollout_logprobs", "advantage", "trajectory_id", "loss_mask")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_IDS_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     ADVANTAGE_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
+    LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     response_ids: _containers.RepeatedScalarFieldContainer[int]
     rollout_logprobs: _containers.RepeatedScalarFieldContainer[float]
     advantage: float
     trajectory_id: str
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., trajectory_id: _Optional[str] = ...) -> None: ...
+    loss_mask: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., response_ids: _Optional[_Iterable[int]] = ..., rollout_logprobs: _Optional[_Iterable[float]] = ..., advantage: _Optional[float] = ..., trajectory_id: _Optional[str] = ..., loss_mask: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class TrainRequest(_message.Message):
     __slots__ = ("step", "sequences", "temperature", "max_tokens")

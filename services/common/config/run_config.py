@@ -48,6 +48,11 @@ class RunConfig(_Section):
                     "coordinator.max_staleness >= 1 trains on groups sampled by older policies: "
                     "trainer.loss.importance_sampling = 'off' would leave that unweighted; use 'token' or 'sequence'"
                 )
+        if self.task.episode.multi_turn and not self.task.chat_template:
+            raise ValueError(
+                "task.episode (tools, an environment) needs task.chat_template = true: each environment message is "
+                "appended as the chat template renders it"
+            )
         if self.coordinator.overlong_buffer_tokens > self.coordinator.max_tokens:
             raise ValueError("coordinator.overlong_buffer_tokens must be <= coordinator.max_tokens")
         if not self.trainer.lr_schedule_steps:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .base import _Section
+from .episode import EpisodeSection
 
 
 class TaskSection(_Section):
@@ -48,6 +49,8 @@ class TaskSection(_Section):
     """A reward call that runs longer scores 0 (counted in reward/errors) and the run goes on."""
     prompt_len: int = Field(default=4, ge=1)
     """Symbols per built-in prompt."""
+    episode: EpisodeSection = EpisodeSection()
+    """Multi-turn episodes (tools, an environment); off by default."""
 
     def reward_weights(self) -> dict[str, float]:
         if self.rewards:

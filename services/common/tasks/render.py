@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import Prompt, TaskError, _one_line
+from .tools import Tool
 
 
 def _load_tokenizer(model_path: str) -> Any:
@@ -25,10 +26,17 @@ def _load_tokenizer(model_path: str) -> Any:
 class PromptRenderer:
     """Turns a prompt into the token ids the policy sees: through the chat template, or the raw text."""
 
-    def __init__(self, model_path: str, system_prompt: str = "", chat_template: bool = True):
+    def __init__(self, model_path: str, system_prompt: str = "", chat_template: bool = True, tools: Sequence[str] = ()):
         self.tokenizer = _load_tokenizer(model_path)
         self.system_prompt = system_prompt
         self.uses_template = chat_template and bool(getattr(self.tokenizer, "chat_template", None))
+        try:
+            self.tools = [Tool.from_path(p).schema for p in tools] or None
+        except ValueError as e:
+            raise TaskError(f"task.episode.tools: {e}") from None
+        """The JSON schemas of task.episode.tools, which the chat template lists for the model."""
+        if self.tools and not self.uses_template:
+            raise TaskError(f"{model_path}: tools need a tokenizer with a chat template and task.chat_template = true")
 
     def messages(self, prompt: Prompt) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -38,7 +46,9 @@ class PromptRenderer:
         """The rendered prompt as text (for logs and tests)."""
         if not self.uses_template:
             return prompt.text
-        return self.tokenizer.apply_chat_template(self.messages(prompt), add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(
+            self.messages(prompt), tools=self.tools, add_generation_prompt=True, tokenize=False
+        )
 
     def ids(self, prompt: Prompt) -> list[int]:
         return self.ids_batch([prompt])[0]
@@ -50,7 +60,9 @@ class PromptRenderer:
             encoded = self.tokenizer([p.text for p in prompts], add_special_tokens=False)["input_ids"]
         else:
             conversations = [self.messages(p) for p in prompts]
-            encoded = self.tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=True)
+            encoded = self.tokenizer.apply_chat_template(
+                conversations, tools=self.tools, add_generation_prompt=True, tokenize=True
+            )
             # transformers 5 returns a BatchEncoding here; older versions a plain list of id lists.
             if isinstance(encoded, Mapping):
                 encoded = encoded["input_ids"]

@@ -38,7 +38,7 @@ def check_task(cfg: RunConfig) -> TaskData | None:
     if not Path(cfg.model.path).is_dir():
         raise TaskError(f"model.path {cfg.model.path!r}: no such folder (create the model before checking the task)")
     limit = cfg.rollout.max_model_len - cfg.coordinator.max_tokens
-    renderer = PromptRenderer(cfg.model.path, cfg.task.system_prompt, cfg.task.chat_template)
+    renderer = PromptRenderer(cfg.model.path, cfg.task.system_prompt, cfg.task.chat_template, cfg.task.episode.tools)
     for prompts in (data.train, data.eval):
         for start in range(0, len(prompts), _RENDER_CHUNK):
             chunk = prompts[start : start + _RENDER_CHUNK]

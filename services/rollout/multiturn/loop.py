@@ -1,14 +1,19 @@
-"""One tool-use episode: the engine generates a turn, the model's tool calls run, their results are appended as
-token ids, until the model answers without a call or a limit ends the episode."""
+"""Episodes: the engine generates a model turn, the environment answers it (tool results, a user turn, feedback) as
+token ids appended to the episode, until the environment has nothing to add or a limit ends the episode. Every
+active episode of a batch generates its next turn in one engine call (run_episodes: lockstep)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .episode import Episode, MessageRenderer
-from .tools import ToolCall, ToolResult, ToolRunner
+
+if TYPE_CHECKING:
+    from .environment import Environment
+
+ENDS = ("answered", "length", "max_turns", "max_tokens", "env_error", "engine_error")
 
 
 @dataclass(frozen=True)
@@ -38,19 +43,31 @@ class Turn:
 
 Generate = Callable[[list[int], int], Turn]
 """(context ids, max new tokens) -> the model's next turn."""
+GenerateMany = Callable[[list[tuple[int, list[int], int]]], list[Turn | str]]
+"""[(episode index, context ids, max new tokens)] -> each episode's next turn (or why the engine refused its
+context), in one engine call."""
 
 
 @dataclass
 class EpisodeResult:
     episode: Episode
-    end: str
-    """"answered" (a turn without a tool call), "length" (a turn cut by its budget), "max_turns" or "max_tokens"."""
+    limits: Limits = Limits()
+    task: Mapping[str, Any] = field(default_factory=dict)
+    """{"prompt", "answer", "metadata"} of the task row: what an environment function is given."""
+    end: str = ""
+    """One of ENDS: "answered" (the environment had nothing to add), "length" (a turn cut by its budget),
+    "max_turns", "max_tokens", "env_error" (the environment raised, hung or answered nonsense: reward 0) or
+    "engine_error" (the engine refused the context)."""
     tool_calls: int = 0
     tool_errors: int = 0
     """Calls that gave no result: unreadable, unknown, bad arguments, raised, timed out, or past the limit."""
     env_s: float = 0.0
-    """Seconds spent running tools (timing/env_s)."""
+    """Seconds the environment took to answer (tools included): timing/env_s."""
     errors: list[str] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.end)
 
     @property
     def answer(self) -> str:
@@ -58,46 +75,76 @@ class EpisodeResult:
         return next((m["content"] for m in reversed(self.episode.messages) if m["role"] == "assistant"), "")
 
 
+def advance(result: EpisodeResult, turn: Turn, env: Environment, renderer: MessageRenderer) -> None:
+    """Append the model's turn and the environment's answer to it; set result.end where the episode is over."""
+    episode, limits = result.episode, result.limits
+    episode.add_model_turn(turn.ids, turn.logprobs, turn.text)
+    if turn.finish_reason != "stop" or not turn.ids:
+        result.end = "length"
+        return
+    if episode.model_turns >= limits.max_turns:
+        result.end = "max_turns" if env.may_answer(turn) else "answered"
+        return
+    messages = env.respond(result, turn)
+    if result.end:  # the environment failed
+        return
+    if not messages:
+        result.end = "answered"
+        return
+    try:
+        ids = renderer.ids(messages, turn_end=turn.ids[-1])
+    except Exception as e:  # a message the template cannot render: the environment's fault, not the run's
+        result.end = "env_error"
+        result.errors.append(f"the chat template cannot render the environment's messages: {type(e).__name__}: {e}")
+        return
+    if len(episode.response_ids) + len(ids) >= limits.max_tokens:
+        result.end = "max_tokens"  # no room left for the model to answer
+        return
+    episode.add_messages(messages, ids)
+
+
 def run_episode(
     prompt_ids: Sequence[int],
     generate: Generate,
-    parse: Callable[[str], list[ToolCall]],
-    tools: ToolRunner,
+    env: Environment,
     renderer: MessageRenderer,
     limits: Limits,
+    task: Mapping[str, Any] | None = None,
 ) -> EpisodeResult:
-    result = EpisodeResult(Episode(prompt_ids=list(prompt_ids)), end="")
-    episode = result.episode
-    while True:
-        turn = generate(episode.context_ids, limits.max_tokens - len(episode.response_ids))
-        episode.add_model_turn(turn.ids, turn.logprobs, turn.text)
-        if turn.finish_reason != "stop" or not turn.ids:
-            result.end = "length"
-            return result
-        calls = parse(turn.text)
-        if not calls:
-            result.end = "answered"
-            return result
-        if episode.model_turns >= limits.max_turns:
-            result.end = "max_turns"
-            return result
-        messages = [{"role": "tool", "content": _run(call, tools, limits, result).content} for call in calls]
-        ids = renderer.ids(messages, turn_end=turn.ids[-1])
-        if len(episode.response_ids) + len(ids) >= limits.max_tokens:
-            result.end = "max_tokens"  # no room left for the model to answer the results
-            return result
-        episode.add_messages(messages, ids)
+    """One episode, turn by turn."""
+    [result] = run_episodes(
+        [prompt_ids], lambda asks: [generate(c, n) for _, c, n in asks], env, renderer, limits, [task]
+    )
+    return result
 
 
-def _run(call: ToolCall, tools: ToolRunner, limits: Limits, result: EpisodeResult) -> ToolResult:
-    result.tool_calls += 1
-    if result.tool_calls > limits.max_tool_calls:
-        out = ToolResult(f"error: no more tool calls in this episode (limit {limits.max_tool_calls})", "limit")
-    else:
-        start = time.perf_counter()
-        out = tools.run(call)
-        result.env_s += time.perf_counter() - start
-    if out.error:
-        result.tool_errors += 1
-        result.errors.append(out.error)
-    return out
+def run_episodes(
+    prompts: Sequence[Sequence[int]],
+    generate: GenerateMany,
+    env: Environment,
+    renderer: MessageRenderer,
+    limits: Limits | Sequence[Limits],
+    tasks: Sequence[Mapping[str, Any] | None] | None = None,
+) -> list[EpisodeResult]:
+    """Episodes in lockstep: each round, every episode still going generates its next turn in one engine call, then
+    the environment answers each. limits: one for all, or one per prompt. A turn the engine gives as a string (why
+    it refused the context) ends that episode ("engine_error")."""
+    tasks = tasks or [None] * len(prompts)
+    each = [limits] * len(prompts) if isinstance(limits, Limits) else list(limits)
+    results = [
+        EpisodeResult(Episode(prompt_ids=list(p)), lim, dict(t or {}))
+        for p, lim, t in zip(prompts, each, tasks, strict=True)
+    ]
+    active = list(enumerate(results))
+    while active:
+        asks = [(i, r.episode.context_ids, r.limits.max_tokens - len(r.episode.response_ids)) for i, r in active]
+        turns = generate(asks)
+        assert len(turns) == len(active), f"{len(turns)} turns for {len(active)} episodes"
+        for (_, result), turn in zip(active, turns):
+            if isinstance(turn, str):
+                result.end = "engine_error"
+                result.errors.append(turn)
+            else:
+                advance(result, turn, env, renderer)
+        active = [(i, r) for i, r in active if not r.done]
+    return results

@@ -29,8 +29,12 @@ def sequence_is_weights(
     segment_T: Tensor,
     num_segments: int,
     truncation: float,
+    mask_T: Tensor | None = None,
 ) -> Tensor:
-    """min(prod_t pi_trainer / pi_rollout, truncation) of each token's sequence, without gradient."""
+    """min(prod_t pi_trainer / pi_rollout, truncation) of each token's sequence, without gradient; the product runs
+    over the tokens where mask_T is 1 (the policy's; all where None)."""
     diff_T = old_logp_T - rollout_logp_T
+    if mask_T is not None:
+        diff_T = diff_T * mask_T.to(diff_T.dtype)
     log_weight_S = torch.zeros(num_segments, dtype=diff_T.dtype, device=diff_T.device).index_add(0, segment_T, diff_T)
     return _truncated_exp(log_weight_S, truncation)[segment_T]

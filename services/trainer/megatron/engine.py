@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..engine import BatchTokens, Engine
 from ..head import compile_head
-from ..losses import mult_prob_error, token_logprobs_and_entropy
+from ..losses import token_logprobs_and_entropy
 from ..packing import Packed, Seq, pack, plan, response_offsets
 from . import head, mapping
 from . import model as mm
@@ -147,11 +147,7 @@ class MegatronEngine(Engine):
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise FloatingPointError("Megatron optimizer skipped the step (non-finite gradients)")
-        dist.all_reduce(sums_4)
-        dist.all_reduce(old_N)
-        mismatch = mult_prob_error(old_N, batch.rollout_logp_N).item()
-        metrics = self._loss_metrics(sums_4, old_N.numel())
-        return {**metrics, "grad_norm": float(grad_norm), "mismatch/mult_prob_error": mismatch}
+        return {**self._step_metrics(sums_4, old_N, batch), "grad_norm": float(grad_norm)}
 
     # -- weights out -----------------------------------------------------------------------------------
 
