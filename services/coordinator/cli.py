@@ -84,7 +84,10 @@ def _print_samples(run_dir: Path, last: int) -> None:
         print(f"--- {head} reward {s['reward']:.3f} [{s['finish_reason']}]")
         print(f"prompt:     {s['prompt']}")
         print(f"answer:     {s['answer']}")
-        print(f"completion: {s['completion']}")
+        for m in s.get("messages", []):  # a multi-turn episode: every turn, the environment's included
+            print(f"{m['role'] + ':':<11} {m['content']}")
+        if "messages" not in s:
+            print(f"completion: {s['completion']}")
 
 
 if __name__ == "__main__":

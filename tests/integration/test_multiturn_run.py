@@ -44,7 +44,7 @@ def _run(tmp_path: Path, smollm2_path: Path, run_id: str, extra: list[str], env:
     run_dir = tmp_path / run_id
     logs = "".join(p.read_text(errors="replace")[-1500:] for p in sorted((run_dir / "logs").glob("*.log")))
     assert proc.returncode == 0, proc.stdout.decode()[-2000:] + proc.stderr.decode()[-2000:] + logs
-    return _jsonl(run_dir / "metrics.jsonl"), _jsonl(run_dir / "samples.jsonl")
+    return run_dir
 
 
 # The built-in retry environment, except that it raises for tasks whose answer is odd: those episodes end with
@@ -64,7 +64,8 @@ def test_episodes_train_on_the_models_tokens_only_and_a_failing_environment_cost
     package.mkdir()
     (package / "flaky_env.py").write_text(ENVIRONMENT)
     env = {**os.environ, "PYTHONPATH": str(package)}
-    metrics, samples = _run(tmp_path, smollm2_path, "retry", ['task.episode.environment="flaky_env:respond"'], env)
+    run_dir = _run(tmp_path, smollm2_path, "retry", ['task.episode.environment="flaky_env:respond"'], env)
+    metrics, samples = _jsonl(run_dir / "metrics.jsonl"), _jsonl(run_dir / "samples.jsonl")
     steps = [m for m in metrics if "timing/total_s" in m]
     assert [m["step"] for m in steps] == [1, 2]
     for m in steps:
@@ -80,5 +81,10 @@ def test_episodes_train_on_the_models_tokens_only_and_a_failing_environment_cost
     roles = [m["role"] for m in retried[0]["messages"]]
     assert roles == ["assistant", "user", "assistant"] and retried[0]["messages"][1]["content"] == RETRY
     assert retried[0]["completion"] == retried[0]["messages"][2]["content"]  # the last answer is what is scored
+    shown = subprocess.run(
+        [sys.executable, "-m", "services.coordinator.cli", str(run_dir), "samples", "--last", "100"],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert f"user:       {RETRY}" in shown and "assistant:" in shown  # the CLI prints whole episodes too
     evals = [m for m in metrics if "eval/accuracy" in m]
     assert [m["step"] for m in evals] == [0, 2] and all(1.0 <= m["eval/turns_mean"] <= 2.0 for m in evals)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .data import Prompt, TaskError, _one_line
-from .tools import Tool
+from .tools import Tool, hermes_tools_text
 
 
 def _load_tokenizer(model_path: str) -> Any:
@@ -37,6 +37,15 @@ class PromptRenderer:
         """The JSON schemas of task.episode.tools, which the chat template lists for the model."""
         if self.tools and not self.uses_template:
             raise TaskError(f"{model_path}: tools need a tokenizer with a chat template and task.chat_template = true")
+        if self.tools and self._ignores_tools():
+            # The template never shows the model its tools: say them in the system turn, in the Hermes format.
+            self.system_prompt = "\n\n".join(filter(None, [system_prompt, hermes_tools_text(self.tools)]))
+            self.tools = None
+
+    def _ignores_tools(self) -> bool:
+        probe = [{"role": "user", "content": "x"}]
+        with_tools = self.tokenizer.apply_chat_template(probe, tools=self.tools, tokenize=False)
+        return with_tools == self.tokenizer.apply_chat_template(probe, tokenize=False)
 
     def messages(self, prompt: Prompt) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []

@@ -3,6 +3,7 @@ coordinator puts into the chat template's `tools` and the rollout worker checks 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,3 +43,17 @@ class Tool:
         if unknown := sorted(set(arguments) - known):
             return f"{self.name} takes no {', '.join(unknown)} (it takes {', '.join(sorted(known)) or 'nothing'})"
         return None
+
+
+def hermes_tools_text(schemas: list[dict[str, Any]]) -> str:
+    """The tools block Hermes-format chat templates (Qwen2.5's) put into the system turn: for a template that
+    ignores `tools` (SmolLM2's), the prompt renderer adds it to the system prompt, so the model still sees the tools
+    and the call format the `hermes` parser reads."""
+    listed = "\n".join(json.dumps(s) for s in schemas)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+        "</tool_call>"
+    )
