@@ -8,7 +8,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from services.common.child import Functions
+from services.common.tasks import Prompt, PromptRenderer, TaskError
 from services.rollout.multiturn.environment import Environment, as_messages
+from services.rollout.multiturn.envs import RETRY_MESSAGE, calculator, retry
 from services.rollout.multiturn.episode import Episode, MessageRenderer
 from services.rollout.multiturn.loop import Limits, Turn, run_episode, run_episodes
 from services.rollout.multiturn.tools import PARSERS, Tool, ToolCall, ToolRunner, parse_hermes, parser, resolve
@@ -272,3 +274,27 @@ def test_episodes_run_in_lockstep_with_an_environment_function_and_a_failing_one
         assert failed.episode.model_turns == 1
     assert as_messages("hi") == ([{"role": "user", "content": "hi"}], "")
     assert "not int" in as_messages(3)[1]
+
+
+def test_the_calculator_computes_and_refuses_what_could_hold_its_process():
+    assert calculator("(1234 + 5678) * 9") == "62208" and calculator("7 / 2") == "3.5"
+    for bad in ("9 ** 9 ** 9", "__import__('os').getpid()", "1" * 201, "10 ** 40"):
+        with pytest.raises(ValueError):
+            calculator(bad)
+
+
+def test_retry_answers_until_the_last_answer_is_right():
+    task = {"prompt": "What is 2 + 3?", "answer": "5", "metadata": {}}
+    assert (
+        retry([{"role": "user", "content": "q"}, {"role": "assistant", "content": "It is 6."}], task) == RETRY_MESSAGE
+    )
+    assert retry([{"role": "user", "content": "q"}, {"role": "assistant", "content": "It is 5."}], task) is None
+
+
+def test_a_chat_template_that_ignores_tools_gets_them_in_the_system_turn(smollm2_path, tools_module):
+    renderer = PromptRenderer(str(smollm2_path), "Be brief.", True, [f"{tools_module}:multiply"])
+    text = renderer.text(Prompt("What is 2 * 3?", "6"))
+    assert '"name": "multiply"' in text and "<tool_call>" in text
+    assert text.index("Be brief.") < text.index("<tools>") < text.index("What is 2 * 3?")
+    with pytest.raises(TaskError, match="task.episode.tools"):
+        PromptRenderer(str(smollm2_path), "", True, [f"{tools_module}:untyped"])
