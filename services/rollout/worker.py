@@ -101,12 +101,14 @@ def _group(work: queue_pb2.PromptWork, version: int, state: EngineState) -> queu
     )
 
 
-def _reward_inputs(work: queue_pb2.PromptWork, texts: list[str], ends: list[tuple[str, int]]) -> list[RewardInput]:
-    """What the rewards score: each text, with its finish reason and token count in the row's metadata."""
+def _reward_inputs(
+    work: queue_pb2.PromptWork, texts: list[str], ends: list[tuple[str, int]], extra: list[dict] | None = None
+) -> list[RewardInput]:
+    """What the rewards score: each text, with its finish reason and token count (and extra) in the row's metadata."""
     metadata = json.loads(work.task.metadata_json or "{}")
     return [
-        RewardInput(work.task.prompt, text, work.task.answer, {**metadata, "finish_reason": f, "num_tokens": n})
-        for text, (f, n) in zip(texts, ends)
+        RewardInput(work.task.prompt, text, work.task.answer, {**metadata, "finish_reason": f, "num_tokens": n, **x})
+        for text, (f, n), x in zip(texts, ends, extra or [{}] * len(texts))
     ]
 
 
@@ -144,7 +146,8 @@ def episode_group(
         raise ValueError(failed.errors[0])
     finish = ["length" if r.end in ("length", "max_tokens") else "stop" for r in results]
     last_turn_tokens = [len(r.episode.response_ids) - _last_turn_start(r.episode.loss_mask) for r in results]
-    inputs = _reward_inputs(work, [r.answer for r in results], list(zip(finish, last_turn_tokens)))
+    env_rewards = [{"env_reward": r.env_reward} for r in results]
+    inputs = _reward_inputs(work, [r.answer for r in results], list(zip(finish, last_turn_tokens)), env_rewards)
     group = _group(work, version, state)
     for i, (r, f, scored) in enumerate(zip(results, finish, rewards.score(inputs))):
         env_failed = r.end == "env_error"

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from services.common.child import Functions
 from services.common.tasks import Prompt, PromptRenderer, TaskError
-from services.rollout.multiturn.environment import Environment, as_messages
+from services.rollout.multiturn.environment import Environment, as_messages, as_step
 from services.rollout.multiturn.envs import RETRY_MESSAGE, calculator, retry
 from services.rollout.multiturn.episode import Episode, MessageRenderer
 from services.rollout.multiturn.loop import Limits, Turn, run_episode, run_episodes
@@ -298,3 +298,61 @@ def test_a_chat_template_that_ignores_tools_gets_them_in_the_system_turn(smollm2
     assert text.index("Be brief.") < text.index("<tools>") < text.index("What is 2 * 3?")
     with pytest.raises(TaskError, match="task.episode.tools"):
         PromptRenderer(str(smollm2_path), "", True, [f"{tools_module}:untyped"])
+
+
+def test_a_skyrl_gym_environment_runs_episodes_and_its_rewards_add_up(tokenizer):
+    """skyrl-gym's gsm8k_multi_turn through the adapter, in the environment process: a wrong answer gets its
+    follow-up observation and a format score, the right one ends the episode with 1.0."""
+    renderer = MessageRenderer(tokenizer)
+    prompts = [_render(tokenizer, [{"role": "user", "content": f"q{i}"}], True) for i in range(2)]
+    scripts = [iter(["#### 3", "#### 5"]), iter(["#### 7"])]
+
+    def generate_many(asks):
+        out = []
+        for k, _, _ in asks:
+            ids = tokenizer.encode(next(scripts[k]), add_special_tokens=False) + [tokenizer.eos_token_id]
+            out.append(Turn(ids, [-0.1] * len(ids), tokenizer.decode(ids, skip_special_tokens=True), "stop"))
+        return out
+
+    tasks = [
+        {"prompt": f"q{i}", "answer": answer, "metadata": {}, "episode": f"e{i}", "env_name": "gsm8k_multi_turn",
+         "max_turns": 3}
+        for i, answer in enumerate(["5", "7"])
+    ]  # fmt: skip
+    respond = Functions({"respond": "services.rollout.multiturn.skyrl:respond"}, timeout_s=30.0, kind="environment")
+    env = Environment(respond=respond)
+    try:
+        two, one = run_episodes(prompts, generate_many, env, renderer, Limits(max_turns=3), tasks)
+    finally:
+        env.close()
+    assert (two.end, two.episode.model_turns, one.end, one.episode.model_turns) == ("answered", 2, "answered", 1)
+    assert "#### ANSWER" in two.episode.messages[1]["content"] and two.episode.messages[1]["role"] == "user"
+    assert two.env_reward == pytest.approx(1.0 + 0.2 / 3) and one.env_reward == 1.0
+
+
+def test_the_skyrl_adapter_rebuilds_an_episode_it_lost_by_replaying_its_turns():
+    from services.rollout.multiturn import skyrl
+
+    task = {"prompt": "q", "answer": "5", "metadata": {}, "episode": "lost", "env_name": "gsm8k_multi_turn",
+            "max_turns": 3}  # fmt: skip
+    first = skyrl.respond([{"role": "user", "content": "q"}, {"role": "assistant", "content": "#### 3"}], task)
+    skyrl._live.clear()  # as a replaced environment process would have it
+    conversation = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "#### 3"},
+        *first["messages"],
+        {"role": "assistant", "content": "#### 4"},
+    ]
+    second = skyrl.respond(conversation, task)
+    assert not second["done"] and "final numeric answer" in second["messages"][0]["content"]  # its third turn is next
+    with pytest.raises(ValueError, match="no environment 'nope'"):
+        skyrl.respond(conversation[:2], {**task, "episode": "other", "env_name": "nope"})
+
+
+def test_an_environment_step_gives_messages_a_reward_and_ends_with_done():
+    assert as_step({"messages": [{"role": "user", "content": "go on"}], "reward": 0.5}) == (
+        [{"role": "user", "content": "go on"}], 0.5, "")  # fmt: skip
+    assert as_step({"messages": [{"role": "user", "content": "bye"}], "reward": 1, "done": True}) == ([], 1.0, "")
+    assert as_step("go on") == ([{"role": "user", "content": "go on"}], 0.0, "")
+    for bad in ({"reward": float("nan")}, {"reward": "1"}, {"rewards": 1.0}):
+        assert as_step(bad)[2], bad

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from .base import _Section
 
 BUILTIN_ENVIRONMENTS = {"retry": "services.rollout.multiturn.envs:retry"}
-"""Environments by name; anything else in task.episode.environment is an import path."""
+"""Environments by name; `skyrl:<id>` is skyrl-gym's; anything else in task.episode.environment is an import path."""
+SKYRL = "skyrl:"
 
 
 class EpisodeSection(_Section):
@@ -20,8 +23,11 @@ class EpisodeSection(_Section):
     format of Qwen2.5 / SmolLM2 / Hermes templates)."""
     environment: str = ""
     """What answers a model turn that calls no tool: a built-in name (`retry`: "wrong, try again" until the answer
-    is right) or an import path `my_pkg.env:respond` (services/rollout/multiturn/environment.py has the contract).
+    is right), `skyrl:<id>` (a skyrl-gym environment, e.g. skyrl:gsm8k_multi_turn; its rewards are the `env`
+    reward), or an import path `my_pkg.env:respond` (services/rollout/multiturn/environment.py has the contract).
     Empty with no tools = one completion per prompt, as always."""
+    env_config: dict[str, Any] = {}
+    """Passed to a skyrl-gym environment as its env_config."""
     max_turns: int = Field(default=4, ge=1)
     """Model turns per episode."""
     max_tool_calls: int = Field(default=8, ge=1)
@@ -35,4 +41,6 @@ class EpisodeSection(_Section):
         return bool(self.tools or self.environment)
 
     def environment_path(self) -> str:
+        if self.environment.startswith(SKYRL):
+            return "services.rollout.multiturn.skyrl:respond"
         return BUILTIN_ENVIRONMENTS.get(self.environment, self.environment)

@@ -159,6 +159,13 @@ def class_continuation_reward(prompt: str, completion: str, answer: str, metadat
     return sum(1 for ch in completion if ch in answer) / num_tokens
 
 
+def env_reward(prompt: str, completion: str, answer: str, metadata: dict) -> float:
+    """The sum of the rewards a multi-turn episode's environment gave its steps (task.episode.environment)."""
+    if "env_reward" not in metadata:
+        raise ValueError("the env reward needs a multi-turn episode: set task.episode.environment")
+    return float(metadata["env_reward"])
+
+
 BUILTIN: dict[str, RewardFn] = {
     "math": math_reward,
     "exact": exact_reward,
@@ -167,6 +174,7 @@ BUILTIN: dict[str, RewardFn] = {
     "eos": eos_reward,
     "boxed": boxed_reward,
     "class_continuation": class_continuation_reward,
+    "env": env_reward,
 }
 
 # Heavy imports a built-in needs, done by the child at start so the first call does not spend its timeout on them.

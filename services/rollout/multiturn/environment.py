@@ -6,14 +6,18 @@ An environment function is an import path `pkg.module:respond` to
     def respond(messages: list[dict], task: dict) -> str | dict | list[dict] | None
 
 `messages` is the conversation so far (the task's prompt as the first user message, then every turn), `task` is
-{"prompt", "answer", "metadata"} of the row. It returns the next message(s): a string is one user message, a dict
-or a list of dicts are messages with a "role" (user, tool or system) and a string "content"; None or [] ends the
-episode, which the task's rewards then score. One that raises, hangs past its timeout or returns anything else ends
-its episode with reward 0 ("env_error", counted), and the run goes on.
+{"prompt", "answer", "metadata"} of the row, and "episode", an id of the episode that stays the same over its turns
+(for an environment that keeps state per episode). It returns the next message(s): a string is one user message, a
+dict or a list of dicts are messages with a "role" (user, tool or system) and a string "content"; None or [] ends the
+episode, which the task's rewards then score. Or it returns a step, as gym-style environments do: {"messages": [...],
+"reward": float, "done": bool}; the rewards of an episode's steps add up to its env reward, which the `env` reward
+(task.rewards = {env = 1.0}) gives. One that raises, hangs past its timeout or returns anything else ends its
+episode with reward 0 ("env_error", counted), and the run goes on.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +29,20 @@ from .tools import ToolCall, ToolResult, ToolRunner
 
 ROLES = ("user", "tool", "system")
 """Roles an environment may write as: never the model's own."""
+
+
+def as_step(value: Any) -> tuple[list[dict[str, str]], float, str]:
+    """An environment function's return value as (messages, reward, why it is not one); no messages end the
+    episode."""
+    if not (isinstance(value, dict) and "role" not in value):
+        messages, why = as_messages(value)
+        return messages, 0.0, why
+    unknown = set(value) - {"messages", "reward", "done"}
+    reward = value.get("reward", 0.0)
+    if unknown or isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
+        return [], 0.0, f"an environment step is {{'messages', 'reward': a finite number, 'done'}}, got {value!r:.200}"
+    messages, why = as_messages(value.get("messages"))
+    return ([] if value.get("done") else messages), float(reward), why
 
 
 def as_messages(value: Any) -> tuple[list[dict[str, str]], str]:
@@ -73,7 +91,8 @@ class Environment:
         start = time.perf_counter()
         value, error = self.respond_fn.call("respond", {"messages": conversation, "task": dict(result.task)})
         result.env_s += time.perf_counter() - start
-        messages, why = ([], error) if error else as_messages(value)
+        messages, reward, why = ([], 0.0, error) if error else as_step(value)
+        result.env_reward += reward
         if why:
             result.end = "env_error"
             result.errors.append(f"environment: {why}")

@@ -63,6 +63,8 @@ class EpisodeResult:
     """Calls that gave no result: unreadable, unknown, bad arguments, raised, timed out, or past the limit."""
     env_s: float = 0.0
     """Seconds the environment took to answer (tools included): timing/env_s."""
+    env_reward: float = 0.0
+    """The sum of the rewards the environment's steps gave (the `env` reward)."""
     errors: list[str] = field(default_factory=list)
 
     @property

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from protos.grpo.v1 import queue_pb2
 from services.common.child import Functions
 from services.common.config import EpisodeSection
+from services.common.config.episode import SKYRL
 from services.common.tasks.render import _load_tokenizer
 from services.common.tokenizer import Vocab
 
@@ -70,13 +71,29 @@ class EpisodeRunner:
                 self.env,
                 self.renderer,
                 [self.limits(w) for w, _ in slots],
-                [_task(w) for w, _ in slots],
+                [self._task(w, i) for w, i in slots],
             )
         out, start = [], 0
         for w in works:
             out.append(results[start : start + w.num_samples])
             start += w.num_samples
         return out, version
+
+    def _task(self, work: queue_pb2.PromptWork, sample: int) -> dict:
+        """What an environment function is given besides the conversation."""
+        task = {
+            "prompt": work.task.prompt,
+            "answer": work.task.answer,
+            "metadata": json.loads(work.task.metadata_json or "{}"),
+            "episode": f"{work.run_id}/{'eval' if work.eval else ''}{work.step}/{work.prompt_index}/{sample}",
+        }
+        if self.cfg.environment.startswith(SKYRL):
+            task |= {
+                "env_name": self.cfg.environment.removeprefix(SKYRL),
+                "env_config": dict(self.cfg.env_config),
+                "max_turns": self.cfg.max_turns,
+            }
+        return task
 
     def limits(self, work: queue_pb2.PromptWork) -> Limits:
         return Limits(self.cfg.max_turns, max(work.sampling.max_tokens, 1), self.cfg.max_tool_calls)
@@ -103,11 +120,3 @@ class EpisodeRunner:
 
     def close(self) -> None:
         self.env.close()
-
-
-def _task(work: queue_pb2.PromptWork) -> dict:
-    return {
-        "prompt": work.task.prompt,
-        "answer": work.task.answer,
-        "metadata": json.loads(work.task.metadata_json or "{}"),
-    }
