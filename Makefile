@@ -8,7 +8,7 @@ ARGS ?=
 REQUIREMENTS ?= $(if $(shell nvidia-smi -L 2>/dev/null),requirements-cuda.txt,requirements.txt)
 STAMP := $(VENV)/.installed-$(basename $(notdir $(REQUIREMENTS)))
 
-.PHONY: install run test test-unit proto proto-check lint bench clean lock lock-cuda
+.PHONY: install run test test-long test-unit proto proto-check lint bench clean lock lock-cuda
 
 $(STAMP): $(REQUIREMENTS)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,8 +37,13 @@ up: $(STAMP)
 down: $(STAMP)
 	$(PY) -m deploy.down --config $(CONFIG) $(ARGS)
 
+# Under 30 minutes on 2 cores; the long suites (Slurm, the launcher's fault drills, the benchmark smokes:
+# tests/conftest.py LONG_MODULES, ~12 min) are `make test-long`. CI runs both.
 test: $(STAMP) proto-check
-	$(PY) -m pytest -m "not gpu" -q -rs --durations=25 tests
+	$(PY) -m pytest -m "not gpu and not long" -q -rs --durations=25 tests
+
+test-long: $(STAMP)
+	$(PY) -m pytest -m "long and not gpu" -q -rs --durations=10 tests
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit

@@ -10,6 +10,26 @@ from deploy.procs import Service, spawn, stop_all
 from services.common.config import ModelSection, RunConfig, dump_toml, load_config
 from services.common.ports import free_port
 
+LONG_MODULES = {
+    # Deploy on a real Slurm cluster (one node, then three in network namespaces): ~7 min on 2 cores.
+    "test_deploy_slurm.py",
+    "test_deploy_slurm_nodes.py",
+    # The launcher's fault drills (signals, kill -9, a hung or killed worker, scaling mid-run): ~3.5 min.
+    "test_deploy_survive.py",
+    "test_deploy_scale.py",
+    # Smoke runs of the benchmark scripts (bench/step_ab.py, bench/vs_trl.py): ~2 min.
+    "test_step_ab.py",
+    "test_vs_trl.py",
+}
+"""Modules marked `long`: `make test-long` runs them, `make test` does not, so `make test` stays under 30 minutes on
+2 cores; CI (.ci/run) runs both."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in LONG_MODULES:
+            item.add_marker(pytest.mark.long)
+
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> str:
