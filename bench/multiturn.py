@@ -94,6 +94,7 @@ def main() -> int:
         cmd = ["make", "run", f"CONFIG={EXAMPLES[name]}", f"ARGS={' '.join(overrides)}"]
         subprocess.run(cmd, cwd=REPO, check=True)
         result[name] = {"config": EXAMPLES[name], **summarise(REPO / "runs" / run_id, " ".join(cmd))}
+        result["command"] = " ".join([".venv/bin/python", "bench/multiturn.py", *sys.argv[1:]])
         result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU"
         out.write_text(json.dumps(result, indent=2) + "\n")
         curve = result[name]["eval_curve"]

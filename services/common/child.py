@@ -170,7 +170,7 @@ class Functions:
     def __init__(self, paths: dict[str, str], timeout_s: float, kind: str, startup_timeout_s: float = 120.0):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.timeout_s, self.kind = timeout_s, kind
+        self.timeout_s = timeout_s
         self._child = Child(_functions_main, (dict(paths),), kind, startup_timeout_s)
         self._lock = threading.Lock()
 

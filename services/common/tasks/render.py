@@ -30,11 +30,11 @@ class PromptRenderer:
         self.tokenizer = _load_tokenizer(model_path)
         self.system_prompt = system_prompt
         self.uses_template = chat_template and bool(getattr(self.tokenizer, "chat_template", None))
+        # The JSON schemas of task.episode.tools, which the chat template lists for the model.
         try:
             self.tools = [Tool.from_path(p).schema for p in tools] or None
         except ValueError as e:
             raise TaskError(f"task.episode.tools: {e}") from None
-        """The JSON schemas of task.episode.tools, which the chat template lists for the model."""
         if self.tools and not self.uses_template:
             raise TaskError(f"{model_path}: tools need a tokenizer with a chat template and task.chat_template = true")
         if self.tools and self._ignores_tools():
