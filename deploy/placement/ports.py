@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from services.common.config import RunConfig
-from services.common.ports import free_port, is_free
+from services.common.ports import free_port, free_range, is_free
 from services.common.redis_server import USER
 
 from .types import Assignment, Backend, PlacementError
@@ -24,7 +24,7 @@ def fill_blanks(cfg: RunConfig) -> RunConfig:
     if cfg.weightsync.store_port == 0:
         cfg.weightsync.store_port = free_port()
     if cfg.rollout.grpc_port == 0:
-        cfg.rollout.grpc_port = _free_range(cfg.rollout.num_workers)
+        cfg.rollout.grpc_port = free_range(cfg.rollout.num_workers)
     if not cfg.redis.url:
         if cfg.redis.port == 0:
             cfg.redis.port = free_port()
@@ -35,14 +35,6 @@ def fill_blanks(cfg: RunConfig) -> RunConfig:
 def redis_scheme(cfg: RunConfig) -> str:
     """The run's own Redis speaks TLS alone under run.tls (services/common/redis_server.py), as its URL says."""
     return "rediss" if cfg.run.tls else "redis"
-
-
-def _free_range(n: int) -> int:
-    for _ in range(100):
-        base = free_port()
-        if all(is_free(base + i) for i in range(1, n)):
-            return base
-    raise RuntimeError(f"no {n} consecutive free ports")
 
 
 def check_ports(assignments: list[Assignment], backend: Backend) -> None:

@@ -37,3 +37,12 @@ def listening_socket(host: str, port: int) -> socket.socket:
     interface: torch's TCPStore takes its descriptor as master_listen_fd."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     return socket.create_server((host, port), family=family, backlog=512)
+
+
+def free_range(n: int) -> int:
+    """The first of n consecutive ports free now (rollout workers listen on base + i)."""
+    for _ in range(100):
+        base = free_port()
+        if all(is_free(base + i) for i in range(1, n)):
+            return base
+    raise RuntimeError(f"no {n} consecutive free ports")

@@ -15,17 +15,20 @@ from deploy.placement import Cluster, PlacementError, format_placement, place
 from deploy.placement.commands import service_env
 from deploy.slurm.commands import srun
 from services.common.config import load_config
+from services.common.ports import free_port, free_range
 
+# Ports free on this machine now (check_ports refuses a local plan whose port is taken): fixed numbers made the
+# suite fail whenever anything else on the machine happened to hold one of them.
 PORTS = [
     "run.run_id=t",
     "model.create=true",
-    "coordinator.grpc_port=22001",
-    "coordinator.http_port=22002",
-    "trainer.grpc_port=22003",
-    "weightsync.grpc_port=22004",
-    "weightsync.store_port=22005",
-    "redis.port=22006",
-    "rollout.grpc_port=22100",
+    f"coordinator.grpc_port={free_port()}",
+    f"coordinator.http_port={free_port()}",
+    f"trainer.grpc_port={free_port()}",
+    f"weightsync.grpc_port={free_port()}",
+    f"weightsync.store_port={free_port()}",
+    f"redis.port={free_port()}",
+    f"rollout.grpc_port={free_range(4)}",
 ]
 IPC = 'weightsync.transport="cuda_ipc"'
 
