@@ -25,6 +25,12 @@ BetweenSteps = Callable[[], int]
 """Called by an engine that can between its decode steps: may load new weights; returns the version in force."""
 
 
+class EngineDead(RuntimeError):
+    """The engine failed part way through a generation (not a request it refused up front): its state is unknown,
+    and with vLLM in-process the next call hangs. The worker exits on it; its supervisor starts a fresh one and
+    the work it held goes back to the queue when its lease ends."""
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One prompt and how to sample it; a generate call takes many, each with its own parameters."""
@@ -41,7 +47,8 @@ class Engine(Protocol):
     def generate(self, requests: list[Request], between_steps: BetweenSteps | None = None) -> list[list[Sample]]:
         """The samples of each request, in order; temperature 0 is greedy. An engine that can calls between_steps
         after each decode step (and once before the first), where weights may be loaded, and records per token the
-        version it returned; one that cannot ignores it."""
+        version it returned; one that cannot ignores it. A request it refuses (too long, a token id past the vocabulary)
+        raises before anything is generated; a failure after that raises EngineDead."""
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Replace the weights in place (HF names); the engine keeps running. The tensors may be views of the

@@ -14,6 +14,7 @@ from services.common.queue import WorkQueue, connect
 from services.common.rewards import RewardRunner
 from services.common.tokenizer import Vocab
 
+from .engine import EngineDead
 from .multiturn.runner import EpisodeRunner
 from .servicer import EngineState, RolloutServicer
 from .worker import WorkerLimits, await_current_weights, beat, run_worker
@@ -57,6 +58,8 @@ def serve(cfg: RunConfig, worker_index: int) -> None:
     episodes = EpisodeRunner(cfg.task.episode, cfg.model.path, vocab) if cfg.task.episode.multi_turn else None
     try:
         run_worker(queue, state, vocab, rewards, limits, stop, episodes)
+    except EngineDead as e:  # one line, and the process exits for its supervisor to start a fresh one
+        raise SystemExit(f"rollout-{worker_index}: {e}") from e
     finally:
         if episodes is not None:
             episodes.close()

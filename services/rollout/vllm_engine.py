@@ -15,7 +15,7 @@ import torch
 
 from services.common.config import RolloutSection
 
-from .engine import BetweenSteps, Request, Sample
+from .engine import BetweenSteps, EngineDead, Request, Sample
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,19 @@ def check_vllm(build: str, version: str, has_cuda: bool) -> None:
         raise RuntimeError(f"{dist} {version} is installed; the rollout supports {span}: {install}")
 
 
+CPU_STEP_TOKENS = 4096  # vLLM's default token budget of one engine step for LLM(...) on CPU
+
+
 def engine_args(cfg: RolloutSection, on_gpu: bool) -> dict:
     """vLLM's LLM(...) arguments from the rollout config, for the CUDA build (on_gpu) or the CPU one."""
     gpu_args = {"gpu_memory_utilization": cfg.gpu.gpu_memory_utilization, "enable_sleep_mode": cfg.gpu.sleep_level > 0}
     if cfg.gpu.custom_ops:
         gpu_args["compilation_config"] = {"custom_ops": list(cfg.gpu.custom_ops)}
+    # Whole prefills only on CPU: when a seeded request's prompt is split over engine steps, vLLM rewinds its
+    # generator's offset after each partial step, and CPU generators have none ("CPU Generator does not use
+    # offset", which kills the engine). A step then takes whole prompts up to its token budget (vLLM's CPU default,
+    # 4096, or one max_model_len prompt if longer); the rest wait for the next step.
+    cpu_args = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_STEP_TOKENS, cfg.max_model_len)}
     return dict(
         dtype="bfloat16" if on_gpu else "float32",
         max_model_len=cfg.max_model_len,
@@ -72,7 +80,7 @@ def engine_args(cfg: RolloutSection, on_gpu: bool) -> dict:
         logprobs_mode="processed_logprobs",
         load_format="safetensors",  # never a pickled .bin, whatever else the model folder holds
         worker_extension_cls="services.rollout.vllm_ext.WeightLoaderExtension",
-        **(gpu_args if on_gpu else {}),
+        **(gpu_args if on_gpu else cpu_args),
     )
 
 
@@ -137,7 +145,13 @@ class VllmEngine:
         prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
         if between_steps is not None:
             return self._generate_steps(prompts, params, between_steps)
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        try:
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
+        except Exception as e:
+            # vLLM aborts what it added when a request is refused; requests still in the engine mean a step failed.
+            if self.llm.llm_engine.has_unfinished_requests():
+                raise EngineDead(f"vLLM failed mid-generation: {type(e).__name__}: {e}") from e
+            raise
         return [
             [
                 Sample(list(c.token_ids), sampled_logprobs(c.logprobs, c.token_ids), c.finish_reason or "")
@@ -157,9 +171,13 @@ class VllmEngine:
         ids = [f"grpo-{first + k}" for k in range(len(prompts))]
         # Per request, per sample: token ids, logprobs, versions, finish reason.
         made = [[([], [], [], [""]) for _ in range(p.n)] for p in params]
-        for request_id, prompt, p in zip(ids, prompts, params):
-            p.output_kind = RequestOutputKind.DELTA
-            engine.add_request(request_id, prompt, p)
+        try:
+            for request_id, prompt, p in zip(ids, prompts, params):
+                p.output_kind = RequestOutputKind.DELTA
+                engine.add_request(request_id, prompt, p)
+        except Exception:  # refused: nothing of this call stays in the engine
+            engine.abort_request(ids)
+            raise
         try:
             version = between_steps()
             while engine.has_unfinished_requests():
@@ -173,9 +191,12 @@ class VllmEngine:
                         versions += [version] * len(new)
                         finish[0] = c.finish_reason or finish[0]
                 version = between_steps()
-        finally:
-            if engine.has_unfinished_requests():  # an exception mid-way: nothing of this call stays in the engine
+        except Exception as e:
+            if engine.has_unfinished_requests():  # nothing of this call stays in the engine
                 engine.abort_request(ids)
+            if isinstance(e, EngineDead):
+                raise
+            raise EngineDead(f"vLLM failed mid-generation: {type(e).__name__}: {e}") from e
         return [[Sample(t, lp, f[0], v) for t, lp, v, f in per_request] for per_request in made]
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:

@@ -18,7 +18,7 @@ from services.common.queue import WorkQueue
 from services.common.rewards import RewardInput, RewardRunner
 from services.common.tokenizer import Vocab
 
-from .engine import Request, Sample
+from .engine import EngineDead, Request, Sample
 from .multiturn.loop import EpisodeResult
 from .multiturn.runner import EpisodeRunner
 from .servicer import EngineState
@@ -69,6 +69,8 @@ def generate(state: EngineState, works: list[queue_pb2.PromptWork]) -> tuple[lis
         version = state.policy_version
         try:
             return state.engine.generate(requests, between_steps), version
+        except EngineDead:
+            raise
         except Exception as batch_error:  # one bad request fails the whole call: find it, keep the others
             if len(requests) == 1:
                 return [f"engine refused the prompt: {type(batch_error).__name__}: {batch_error}"], version

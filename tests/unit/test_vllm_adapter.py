@@ -81,6 +81,7 @@ def test_the_engine_refuses_gpu_options_before_starting_vllm(tiny_model):
 def test_the_cpu_build_compiles_only_when_asked_and_the_gpu_one_takes_its_own_options():
     cpu = engine_args(RolloutSection(), on_gpu=False)
     assert cpu["enforce_eager"] and cpu["dtype"] == "float32" and "gpu_memory_utilization" not in cpu
+    assert not cpu["enable_chunked_prefill"] and cpu["max_num_batched_tokens"] >= RolloutSection().max_model_len
     assert not engine_args(RolloutSection(cpu_compile=True), on_gpu=False)["enforce_eager"]
     gpu = engine_args(RolloutSection(cpu_compile=True, gpu={"sleep_level": 1}), on_gpu=True)
     assert gpu["dtype"] == "bfloat16" and not gpu["enforce_eager"] and gpu["enable_sleep_mode"]

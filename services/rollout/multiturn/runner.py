@@ -13,7 +13,7 @@ from services.common.config.episode import SKYRL
 from services.common.tasks.render import _load_tokenizer
 from services.common.tokenizer import Vocab
 
-from ..engine import Request
+from ..engine import EngineDead, Request
 from .environment import Environment
 from .episode import MessageRenderer
 from .loop import EpisodeResult, Limits, Turn, run_episodes
@@ -101,6 +101,8 @@ class EpisodeRunner:
     def _turns(self, state: EngineState, requests: list[Request]) -> list[Turn | str]:
         try:
             samples = state.engine.generate(requests)
+        except EngineDead:
+            raise
         except Exception:  # one bad context fails the whole call: find it, keep the others
             samples = []
             for r in requests:
