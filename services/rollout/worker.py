@@ -148,8 +148,8 @@ def episode_group(
         raise ValueError(failed.errors[0])
     finish = ["length" if r.end in ("length", "max_tokens") else "stop" for r in results]
     last_turn_tokens = [len(r.episode.response_ids) - _last_turn_start(r.episode.loss_mask) for r in results]
-    env_rewards = [{"env_reward": r.env_reward} for r in results]
-    inputs = _reward_inputs(work, [r.answer for r in results], list(zip(finish, last_turn_tokens)), env_rewards)
+    episode = [{"env_reward": r.env_reward, "tool_calls": r.tool_calls, "tool_errors": r.tool_errors} for r in results]
+    inputs = _reward_inputs(work, [r.answer for r in results], list(zip(finish, last_turn_tokens)), episode)
     group = _group(work, version, state)
     for i, (r, f, scored) in enumerate(zip(results, finish, rewards.score(inputs))):
         env_failed = r.end == "env_error"

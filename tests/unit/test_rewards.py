@@ -130,6 +130,14 @@ def test_eos_boxed_and_class_continuation():
     assert BUILTIN["class_continuation"] is class_continuation_reward
 
 
+def test_tool_use_pays_an_episode_whose_every_tool_call_ran_and_half_for_a_failed_try():
+    assert score("tool_use", "42", "42", tool_calls=1, tool_errors=0) == 1.0
+    assert score("tool_use", "42", "42", tool_calls=0, tool_errors=0) == 0.0  # answered without the tool
+    assert score("tool_use", "42", "42", tool_calls=2, tool_errors=1) == 0.5  # one call malformed or failed
+    with pytest.raises(ValueError, match="task.episode.tools"):
+        score("tool_use", "42", "42")  # a single-turn run has no tool counts
+
+
 def test_reasoning_gym_scores_right_and_wrong_answers_in_the_runner():
     import reasoning_gym
 

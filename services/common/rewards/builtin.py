@@ -166,6 +166,17 @@ def env_reward(prompt: str, completion: str, answer: str, metadata: dict) -> flo
     return float(metadata["env_reward"])
 
 
+def tool_use_reward(prompt: str, completion: str, answer: str, metadata: dict) -> float:
+    """A format reward for tool calls (task.episode.tools): 1.0 if the episode called a tool and every call parsed
+    and ran, 0.5 if it tried (a call the parser or the tool refused), 0 if it called none. The half step pays a
+    small model for the call tags before it gets the JSON inside them right."""
+    if "tool_calls" not in metadata:
+        raise ValueError("the tool_use reward needs a multi-turn episode with tools: set task.episode.tools")
+    if metadata["tool_calls"] == 0:
+        return 0.0
+    return 1.0 if metadata["tool_errors"] == 0 else 0.5
+
+
 BUILTIN: dict[str, RewardFn] = {
     "math": math_reward,
     "exact": exact_reward,
@@ -175,6 +186,7 @@ BUILTIN: dict[str, RewardFn] = {
     "boxed": boxed_reward,
     "class_continuation": class_continuation_reward,
     "env": env_reward,
+    "tool_use": tool_use_reward,
 }
 
 # Heavy imports a built-in needs, done by the child at start so the first call does not spend its timeout on them.
