@@ -72,7 +72,7 @@ DOCKER_TEST_DIR ?= /tmp/grpo-docker
 test-docker: $(STAMP)
 	GRPO_DOCKER_HOST_TEST=1 GRPO_DOCKER_TEST_DIR=$(DOCKER_TEST_DIR) $(PY) -m pytest -q -rs tests/integration/test_docker_host.py
 
-# 60 steps under 30 seeded kill -9s against an uninterrupted run (~20 min on 2 cores; not in CI): bench/results/chaos.json.
+# 60 steps under 30 seeded kill -9s against an uninterrupted run (~20 min on 2 cores; not in CI): bench/results/chaos/chaos.json.
 .PHONY: chaos
 chaos: $(STAMP)
 	$(PY) bench/chaos.py

@@ -2,7 +2,7 @@
 coordinator.max_staleness = 0, 1 and 2, one after the other, the rounds alternating so a slow spell falls on all.
 
     .venv/bin/python bench/async_grpo.py --config deploy/configs/vs_trl_arithmetic.toml --steps 12 --rounds 2 \\
-        --pin --out bench/results/async_cpu.json
+        --pin --out bench/results/async_grpo/async_cpu.json
 
 --pin puts the trainer's processes on the first core and the rest (rollout worker, weightsync, coordinator, Redis)
 on the second (taskset, every thread), so that on 2 cores generation and training really can overlap.
@@ -19,7 +19,7 @@ seconds the eta = 1 run needed for a held-out accuracy of A over the synchronous
 (default 0 1 2).
 
     .venv/bin/python bench/async_grpo.py --config deploy/configs/vs_trl_arithmetic.toml --steps 60 --settings 0 1 \
-        --eval-target 0.5 0.44 --pin --out bench/results/async_cpu_accuracy.json
+        --eval-target 0.5 0.44 --pin --out bench/results/async_grpo/async_cpu_accuracy.json
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`make chaos`: one 60-step local run under 30 seeded kill -9s (rollout workers, Redis, trainer, weightsync,
-coordinator) against an uninterrupted run of the same config and seed; writes bench/results/chaos.json.
+coordinator) against an uninterrupted run of the same config and seed; writes bench/results/chaos/chaos.json.
 
 Checks: every step once, each trajectory trained at most once (`duplicated`), every prompt x sample of every step
 in its batch (`lost`), and every step's deterministic metrics and batch equal to the uninterrupted run's."""
@@ -285,7 +285,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seed", type=int, default=0, help="the faults' RNG (the run's own seed is run.seed)")
     parser.add_argument("--output-dir", type=Path, default=REPO / "runs" / "bench_chaos")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "chaos.json")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "chaos" / "chaos.json")
     parser.add_argument("--recheck", action="store_true", help="only the checks, on the existing run folders")
     a = parser.parse_args()
     reference, faulted = a.output_dir / "reference", a.output_dir / "faults"

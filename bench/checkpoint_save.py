@@ -60,7 +60,9 @@ def main() -> int:
     parser.add_argument("--model-dir", default="", help="an HF model folder (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--threads", nargs="*", type=int, default=[], help="writer threads to time (1 = DCP's)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "checkpoint_save_cpu.json"))
+    parser.add_argument(
+        "--out", default=str(REPO / "bench" / "results" / "checkpoint_save" / "checkpoint_save_cpu.json")
+    )
     args = parser.parse_args()
 
     import torch

@@ -1,6 +1,6 @@
 """Bucket checksum speed on this host, one core, per algorithm of services/weightsync/kernels/checksum.py.
 
-.venv/bin/python bench/checksums.py          # writes bench/results/checksums_cpu.json
+.venv/bin/python bench/checksums.py          # writes bench/results/checksums/checksums_cpu.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main() -> int:
         best = min(_seconds(buf, algo) for _ in range(3))
         result[f"{algo}_GBps"] = buf.numel() / best / 1e9
     result |= {"command": "python bench/checksums.py", "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
-    (REPO / "bench" / "results" / "checksums_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    (REPO / "bench" / "results" / "checksums" / "checksums_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 

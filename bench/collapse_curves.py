@@ -2,7 +2,7 @@
 run's held-out curve and, per training step, the signals of what one step did (pre-clip gradient norm, mean reward,
 lengths, EOS share, the sampled tokens' negative logprob) and the collapse alerts it raised.
 
-    .venv/bin/python bench/collapse_curves.py --out bench/results/collapse_letter_counting.json \\
+    .venv/bin/python bench/collapse_curves.py --out bench/results/collapse_curves/collapse_letter_counting.json \\
         NAME=RUN_DIR[:what differs] ...
 """
 

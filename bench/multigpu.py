@@ -3,7 +3,7 @@
     python bench/multigpu.py [--steps 4] [--hidden 1536 --layers 28 ...]
     python bench/multigpu.py --colocated     # one GPU: trainer and engine share it, CUDA IPC refit
 
-Writes bench/results/multigpu.json (--colocated: multigpu_colocated.json): the seeds' table per step,
+Writes bench/results/multigpu/multigpu.json (--colocated: multigpu_colocated.json): the seeds' table per step,
 refit GB/s against the physical baseline measured in the same run (the NCCL GPU0 -> GPU1 broadcast;
 colocated, a plain device-to-device copy), tokens/s per GPU, and peak memory per GPU.
 """
@@ -191,7 +191,9 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/multigpu")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    args.out = args.out or str(ROOT / "bench" / "results" / f"multigpu{'_colocated' if args.colocated else ''}.json")
+    args.out = args.out or str(
+        ROOT / "bench" / "results" / "multigpu" / f"multigpu{'_colocated' if args.colocated else ''}.json"
+    )
     num_gpus = 1 if args.colocated else torch.cuda.device_count()
     if num_gpus < 2 and not args.colocated:
         raise SystemExit(f"needs >= 2 GPUs, found {num_gpus} (or --colocated)")

@@ -1,6 +1,6 @@
 """The two multi-turn examples on SmolLM2-135M-Instruct, each trained for a fixed number of minutes on this machine:
 held-out accuracy (greedy, the whole episode), the tool-call rate and turns per episode against wall time from step
-0, and the training episodes' turns, tool calls and reward per step, in bench/results/multiturn_cpu.json.
+0, and the training episodes' turns, tool calls and reward per step, in bench/results/multiturn/multiturn_cpu.json.
 
     .venv/bin/python bench/multiturn.py --minutes 15                  # both examples, one after the other
     .venv/bin/python bench/multiturn.py --minutes 15 --only retry     # one of them
@@ -80,7 +80,7 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--eval-size", type=int, default=50)
     parser.add_argument("--only", choices=sorted(EXAMPLES), action="append", help="run only these examples")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "multiturn_cpu.json"))
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "multiturn" / "multiturn_cpu.json"))
     args = parser.parse_args()
     out = Path(args.out)
     result = json.loads(out.read_text()) if out.exists() else {}

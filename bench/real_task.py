@@ -1,5 +1,5 @@
 """The example that learns: SmolLM2-135M-Instruct on reasoning-gym basic_arithmetic through every service, then its
-held-out curve, first and last sample completions, command and machine in bench/results/real_task_cpu.json.
+held-out curve, first and last sample completions, command and machine in bench/results/real_task/real_task_cpu.json.
 
     .venv/bin/python bench/real_task.py                           # make model, then the run (~40 min on 2 cores)
     .venv/bin/python bench/real_task.py --from-run runs/<run_id>   # summarise a run made with the same config
@@ -93,7 +93,7 @@ def main() -> int:
     parser.add_argument("--from-run", default="", help="summarise this run folder instead of running")
     parser.add_argument("--command", default="", help="with --from-run: the command that made the run")
     parser.add_argument("--wall-s", type=float, default=None, help="with --from-run: the run's wall seconds")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "real_task_cpu.json"))
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "real_task" / "real_task_cpu.json"))
     args = parser.parse_args()
     if args.from_run:
         run_dir, command, wall_s = Path(args.from_run), args.command, args.wall_s

@@ -1,7 +1,7 @@
 """Generated tokens/s through the rollout service (Redis streams, a worker process with its gRPC service, the rewards)
 against the raw engine on the same prompts, in the same run.
 
-    .venv/bin/python bench/rollout.py           # SmolLM2-135M-Instruct; writes bench/results/rollout_cpu.json
+    .venv/bin/python bench/rollout.py           # SmolLM2-135M-Instruct; writes bench/results/rollout/rollout_cpu.json
     .venv/bin/python bench/rollout.py --smoke   # tiny random model, seconds; writes /tmp/rollout_smoke.json
 
 The service side: Redis, weightsync (the worker registers with it) and one rollout worker are started as processes.
@@ -223,7 +223,7 @@ def main() -> int:
         "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         "machine": _machine(),
     }
-    default = "/tmp/rollout_smoke.json" if args.smoke else REPO / "bench" / "results" / "rollout_cpu.json"
+    default = "/tmp/rollout_smoke.json" if args.smoke else REPO / "bench" / "results" / "rollout" / "rollout_cpu.json"
     out = Path(args.out or default)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -2,7 +2,7 @@
 machine: the median of each step timing after the first step, per variant, and each over the first variant.
 
     .venv/bin/python bench/step_ab.py --config deploy/configs/vs_trl_arithmetic.toml --steps 10 \\
-        --variant base: --variant plain:rollout.cpu_onednn=false --out bench/results/step_ab_cpu.json
+        --variant base: --variant plain:rollout.cpu_onednn=false --out bench/results/step_ab/step_ab_cpu.json
 
 A variant is NAME:OVERRIDES (space-separated dotted overrides, none for the config as it is). Each runs --rounds
 times, the variants alternating, so a slow spell of the machine falls on all. The SmolLM2 configs need

@@ -11,7 +11,7 @@ Naive: the same transformers model under autocast bf16, right-padded micro-batch
 sequences, full logits, torch.optim.AdamW(foreach=False, fused=False). Both run one
 forward+backward per token (one optimizer step per batch needs no separate old-logprob pass), so the
 speedup is the engine's alone. MFU = 6 * params * tokens / step time / 989e12 (dense bf16 peak).
-Writes bench/results/trainer.json; a failing configuration leaves its error there and null numbers.
+Writes bench/results/trainer/trainer.json; a failing configuration leaves its error there and null numbers.
 """
 
 from __future__ import annotations
@@ -399,7 +399,7 @@ def parse_args() -> argparse.Namespace:
         if "--variants" not in sys.argv:  # inductor on two CPU cores takes minutes; compile is a GPU option
             args.variants = "fused,per_sequence"
     smoke_out = Path(tempfile.gettempdir()) / "trainer_smoke.json"
-    args.out = Path(args.out or (smoke_out if args.smoke else ROOT / "bench/results/trainer.json"))
+    args.out = Path(args.out or (smoke_out if args.smoke else ROOT / "bench/results/trainer/trainer.json"))
     return args
 
 

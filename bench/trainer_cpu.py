@@ -1,7 +1,7 @@
 """One GRPO training step of SmolLM2-135M-Instruct on the CPU: the trainer engine's attention and thread variants
 against the plain transformers loop TRL runs (a padded batch, full logits, torch AdamW), same batch, same run.
 
-    .venv/bin/python bench/trainer_cpu.py                 # writes bench/results/trainer_cpu.json (~5 min)
+    .venv/bin/python bench/trainer_cpu.py                 # writes bench/results/trainer_cpu/trainer_cpu.json (~5 min)
     .venv/bin/python bench/trainer_cpu.py --smoke         # tiny random model, seconds
 
 The batch is RL-shaped like the head-to-head's: --seqs sequences, --samples to a prompt of --prompt-tokens, with a
@@ -147,7 +147,12 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
     }
     path = Path(
-        args.out or ("/tmp/trainer_cpu_smoke.json" if args.smoke else REPO / "bench" / "results" / "trainer_cpu.json")
+        args.out
+        or (
+            "/tmp/trainer_cpu_smoke.json"
+            if args.smoke
+            else REPO / "bench" / "results" / "trainer_cpu" / "trainer_cpu.json"
+        )
     )
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k != "variants"}, indent=2))

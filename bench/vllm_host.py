@@ -132,7 +132,9 @@ def main() -> int:
         "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         "machine": _machine(),
     }
-    out = Path(args.out or ("/tmp/vllm_host_smoke.json" if args.smoke else REPO / "bench/results/vllm_host.json"))
+    out = Path(
+        args.out or ("/tmp/vllm_host_smoke.json" if args.smoke else REPO / "bench/results/vllm_host/vllm_host.json")
+    )
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0

@@ -1,18 +1,19 @@
 """Head-to-head with TRL's GRPOTrainer on the same real task, machine, model, prompts, reward and evaluation: TRL
 first, then this system through every service (the path `make run` takes), each for the same training budget.
 
-    .venv/bin/python bench/vs_trl.py                                # 20 min a side: bench/results/vs_trl_cpu.json
+    .venv/bin/python bench/vs_trl.py                          # 20 min a side: bench/results/vs_trl/vs_trl_cpu.json
     .venv/bin/python bench/vs_trl.py --minutes 10 --ours-args trainer.lr=3e-5   # a tuning try on our side
     .venv/bin/python bench/vs_trl.py --args 'trainer.lr_schedule="linear"' --ours-args run.num_steps=125 \
         --trl-args run.num_steps=65     # each side's lr decays over the steps it fits in the budget
     .venv/bin/python bench/vs_trl.py --task NAME                    # deploy/configs/vs_trl_NAME.toml, under "tasks"
     .venv/bin/python bench/vs_trl.py --smoke                        # tiny random model, a few steps (CI)
-    .venv/bin/python bench/vs_trl.py --seeds 0 1 2 --steps 30       # (a) over seeds: bench/results/vs_trl_seeds.json
+    .venv/bin/python bench/vs_trl.py --seeds 0 1 2 --steps 30   # (a) over seeds: bench/results/vs_trl/vs_trl_seeds.json
     .venv/bin/python bench/vs_trl.py --seeds 0 1 2 --steps 30 --tasks products gcd number_format
-        # tasks no other config trains on, each with the bar of bench/seed_bar.py: bench/results/vs_trl_unseen.json
-    .venv/bin/python bench/vs_trl.py --best-of bench/results/vs_trl_cpu*.json   # the bar over the tries, into --out
+        # tasks no other config trains on, each with the bar of bench/seed_bar.py:
+        # bench/results/vs_trl/vs_trl_unseen.json
+    .venv/bin/python bench/vs_trl.py --best-of bench/results/vs_trl/vs_trl_cpu*.json   # the bar over the tries
     python3 bench/vs_trl.py --gpu --minutes 3          # on one GPU: both sides colocated with CUDA vLLM, 64 x 8
-        # (GPU_ARGS), bench/results/vs_trl_gpu.json; --trl-only, then --skip-trl, splits it in two calls
+        # (GPU_ARGS), bench/results/vs_trl/vs_trl_gpu.json; --trl-only, then --skip-trl, splits it in two calls
 
 TRL (pinned below) is installed into its own folder (bench/.trl-<version>, ignored by git) and put on the TRL
 process's PYTHONPATH only, so the project's environment stays as it is. Both sides read the one resolved config
@@ -391,7 +392,7 @@ def main() -> int:
     if args.seeds:
         return compare_seeds(args)
     if args.best_of:
-        out = Path(args.out or REPO / "bench" / "results" / "vs_trl_cpu.json")
+        out = Path(args.out or REPO / "bench" / "results" / "vs_trl" / "vs_trl_cpu.json")
         saved = json.loads(out.read_text()) if out.exists() else {}
         saved["best_of_tries"] = best_of_tries([Path(f) for f in args.best_of])
         out.write_text(json.dumps(saved, indent=2) + "\n")
@@ -418,7 +419,9 @@ def main() -> int:
     if args.gpu:
         overrides = [*GPU_ARGS, *overrides]
     default_out = "vs_trl_gpu.json" if args.gpu else "vs_trl_cpu.json"
-    out = Path(args.out or ("/tmp/vs_trl_smoke.json" if args.smoke else REPO / "bench" / "results" / default_out))
+    out = Path(
+        args.out or ("/tmp/vs_trl_smoke.json" if args.smoke else REPO / "bench" / "results" / "vs_trl" / default_out)
+    )
     saved = json.loads(out.read_text()) if out.exists() else {}
     previous = saved if args.task == MAIN_TASK else saved.get("tasks", {}).get(args.task, {})
 
@@ -518,11 +521,11 @@ def seed_runs(args: argparse.Namespace, task: str) -> dict:
 
 
 def compare_seeds(args: argparse.Namespace) -> int:
-    """One task (--task): bench/results/vs_trl_seeds.json. Several (--tasks): each task's seed runs and its bar
-    (seed_bar.task_bar), in bench/results/vs_trl_unseen.json."""
+    """One task (--task): bench/results/vs_trl/vs_trl_seeds.json. Several (--tasks): each task's seed runs and its bar
+    (seed_bar.task_bar), in bench/results/vs_trl/vs_trl_unseen.json."""
     if not args.tasks:
         result = seed_runs(args, args.task)
-        out = Path(args.out or REPO / "bench" / "results" / "vs_trl_seeds.json")
+        out = Path(args.out or REPO / "bench" / "results" / "vs_trl" / "vs_trl_seeds.json")
         out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k != "curves"}, indent=2))
         return 0
@@ -581,7 +584,7 @@ def write_tasks(results: dict[str, dict], out: str, notes: dict | None = None) -
         **provenance(),
         **(notes or {}),
     }
-    path = Path(out or REPO / "bench" / "results" / "vs_trl_unseen.json")
+    path = Path(out or REPO / "bench" / "results" / "vs_trl" / "vs_trl_unseen.json")
     path.write_text(json.dumps(saved, indent=2) + "\n")
     print(
         json.dumps(

@@ -2,8 +2,8 @@
 checkpoint-engine, each against the link measured in the same run; `--cpu`: gloo and ucxx against a
 raw socket. Self-contained: two processes rendezvous on localhost, no service, no gRPC.
 
-    python bench/weightsync.py                 # GPU (2 GPUs): writes bench/results/weightsync.json
-    python bench/weightsync.py --cpu           # CPU: writes bench/results/weightsync_cpu.json
+    python bench/weightsync.py                 # GPU (2 GPUs): writes bench/results/weightsync/weightsync.json
+    python bench/weightsync.py --cpu           # CPU: writes bench/results/weightsync/weightsync_cpu.json
     python bench/weightsync.py --smoke         # seconds on CPU: checks that the script runs
 """
 
@@ -571,7 +571,7 @@ def main() -> None:
         raw.update(run(ckpt_worker, args, args.timeout_s / 2))
     result = summarize(raw, args, command)
     default = "/tmp/weightsync_smoke.json" if args.smoke else f"weightsync{'_cpu' if cpu else ''}.json"
-    out = Path(args.out or (default if args.smoke else ROOT / "bench" / "results" / default))
+    out = Path(args.out or (default if args.smoke else ROOT / "bench" / "results" / "weightsync" / default))
     out.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k not in ("raw", "shapes")}, indent=1))
     print(f"wrote {out}")

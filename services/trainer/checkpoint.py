@@ -112,7 +112,7 @@ def _rng_states(rank: int) -> dict[str, Tensor]:
 def writer_threads() -> int:
     """Threads each rank writes its training state with: its share of the cores it may run on, at least 2 (one
     serializes while another waits on the disk) and at most 8. DCP's default is one; two wrote SmolLM2-135M's model
-    and optimizer state 1.49x faster on 2 cores (bench/results/checkpoint_save_cpu.json)."""
+    and optimizer state 1.49x faster on 2 cores (bench/results/checkpoint_save/checkpoint_save_cpu.json)."""
     ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     return max(2, min(8, len(os.sched_getaffinity(0)) // ranks_here))
 

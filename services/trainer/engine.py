@@ -165,9 +165,9 @@ class Engine:
     def _state_tensors(self) -> list[tuple[str, Tensor]]:
         """The state dict's (name, tensor) pairs, from references taken once: state_dict() walks the module tree
         and runs FSDP2's hooks on every call (with the autograd nodes above, 6.6-9.3 ms of each refit of the 1.31B
-        shape on an H200 against 0.7-1.2 ms: bench/results/gpu_vllm_refit_gather.json). The tensors it holds stay
-        the same objects: a plain module's parameters, or FSDP2's sharded parameters, whose local
-        shards the optimizer updates in place. load() takes them again."""
+        shape on an H200 against 0.7-1.2 ms: bench/results/gpu_vllm/gpu_vllm_refit_gather.json). The tensors it holds
+        stay the same objects: a plain module's parameters, or FSDP2's sharded parameters, whose local shards the
+        optimizer updates in place. load() takes them again."""
         if self._state_refs is None:
             self._state_refs = list(self.model.state_dict(keep_vars=True).items())
         return self._state_refs
