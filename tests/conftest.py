@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,35 @@ LONG_MODULES = {
 }
 """Modules marked `long`: `make test-long` runs them, `make test` does not, so `make test` stays under 30 minutes on
 2 cores; CI (.ci/run) runs both."""
+
+
+def _processes() -> dict[int, str]:
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                out[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            except OSError:  # gone meanwhile
+                continue
+    return out
+
+
+_AT_START = set(_processes())
+_OURS = ("redis-server", "services.", "deploy.", "torchrun", "vllm", "slurmd", "slurmctld")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Name the service processes a test started and left running: a leaked Redis or worker holds its port and its
+    memory for the rest of the suite (CI once failed a placement test on a port held by something left over)."""
+    time.sleep(1.0)  # processes stopped by the last teardown are reaped
+    left = {pid: cmd for pid, cmd in _processes().items() if pid not in _AT_START and pid != os.getpid()}
+    leaked = {pid: cmd for pid, cmd in left.items() if any(name in cmd for name in _OURS)}
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if leaked and reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_line(f"processes left running by the tests ({len(leaked)}):", yellow=True)
+        for pid, cmd in sorted(leaked.items()):
+            reporter.write_line(f"  {pid}: {cmd[:200]}")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
