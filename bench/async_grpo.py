@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vs_trl import provenance  # noqa: E402 - bench/ is this script's own folder
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
 
 from services.common.config import dump_toml, load_config  # noqa: E402
 
@@ -228,9 +228,8 @@ def main() -> int:
         "rounds": args.rounds,
         "pinned": args.pin,
         "reward_vs_train_s": curves,
-        **provenance(),
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "reward_vs_train_s"}, indent=2))
     return 0
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
 import signal
@@ -24,6 +23,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
+
 from deploy.ranks import launches_ranks  # noqa: E402
 
 RUN_ID, NUM_STEPS, NUM_PROMPTS, NUM_SAMPLES = "chaos", 60, 4, 4
@@ -292,7 +293,7 @@ def main() -> int:
     if a.recheck:  # the checks again, on the run folders of the last `make chaos` (its faults are in a.out)
         result = json.loads(a.out.read_text())
         result.update(check_result(faulted, reference, result["reference_exit_code"] == 0))
-        a.out.write_text(json.dumps(result, indent=2) + "\n")
+        write_result(a.out, result)
         return 0
     for d in (reference, faulted):
         subprocess.run(["rm", "-rf", str(d)], check=True)
@@ -308,10 +309,8 @@ def main() -> int:
         "exit_code": rc, "reference_exit_code": ref_rc, "wall_s": wall_s, "reference_wall_s": ref_wall_s,
         "config": ["deploy/configs/local.toml", *OVERRIDES, f"reward sleep {REWARD_SLEEP_S}s"],
         "fault_log": [asdict(f) for f in sorted(faults, key=lambda f: f.fired_s if f.fired_s is not None else 1e9)],
-        "command": " ".join(["python", "bench/chaos.py", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
     }  # fmt: skip
-    a.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(a.out, result)
     print(json.dumps({k: v for k, v in result.items() if k not in ("fault_log", "config")}, indent=2))
     ok = rc == 0 and result["steps_once"] and not result["lost"] and not result["duplicated"]
     return 0 if ok and result["resumed_equal"] else 1

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
 
 
 def one_save(root: Path, model, optimizer, source: Path, threads: int) -> tuple[dict[str, float], Path]:
@@ -101,10 +101,8 @@ def main() -> int:
         "train_state_speedup_vs_first": {t: base["train_state_s"] / m["train_state_s"] for t, m in medians.items()},
         "total_speedup_vs_first": {t: base["total_s"] / m["total_s"] for t, m in medians.items()},
         "rounds": {str(t): rs for t, rs in rounds.items()},
-        "command": "python " + " ".join(["bench/checkpoint_save.py", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.python_version()}",
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps({k: result[k] for k in ("medians", "train_state_speedup_vs_first", "total_speedup_vs_first")}))
     return 0
 

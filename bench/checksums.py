@@ -6,8 +6,6 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -16,6 +14,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
 
 from services.weightsync.kernels import checksum as cs  # noqa: E402
 
@@ -27,8 +27,7 @@ def main() -> int:
     for algo in ("xxh3", "crc32", "blake2b"):
         best = min(_seconds(buf, algo) for _ in range(3))
         result[f"{algo}_GBps"] = buf.numel() / best / 1e9
-    result |= {"command": "python bench/checksums.py", "machine": f"{platform.machine()}, {os.cpu_count()} cores"}
-    (REPO / "bench" / "results" / "checksums" / "checksums_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(REPO / "bench" / "results" / "checksums" / "checksums_cpu.json", result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import shlex
 import sys
 from pathlib import Path
+
+from provenance import write_result
 
 STEP_KEYS = {
     "grad_norm": "grad_norm",  # before clipping (clip_grad_norm_'s return); after clipping it is min(this, 1.0)
@@ -47,15 +46,13 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     out = {
-        "command": "python " + shlex.join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
         "runs": {},
     }
     for spec in args.runs:
         name, rest = spec.split("=", 1)
         run_dir, _, differs = rest.partition(":")
         out["runs"][name] = {"differs": differs, **read_run(Path(run_dir))}
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out)
     for name, r in out["runs"].items():
         print(name, [(c["step"], c["accuracy"]) for c in r["curve"]], f"{len(r['empty_steps'])} empty steps")
     return 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
 
 
 def full_collection_s(reps: int) -> float:
@@ -39,8 +39,6 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gc_pause" / "gc_pause.json"))
     args = p.parse_args()
 
-    import torch
-
     from services.common.config import ModelSection
     from services.common.lifecycle import freeze_startup_heap
     from services.common.tinymodel import create_tiny_model
@@ -56,13 +54,11 @@ def main() -> None:
         after = full_collection_s(args.reps)
         del engine
     result = {
-        "command": " ".join(["python bench/gc_pause.py", *sys.argv[1:]]),
-        "machine": f"{platform.node()}, Python {platform.python_version()}, torch {torch.__version__}",
         "tracked_objects": tracked,
         "full_collection_s_before": before,
         "full_collection_s_after_freeze": after,
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps(result, indent=2))
 
 

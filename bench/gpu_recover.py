@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -21,6 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from provenance import stamp  # noqa: E402 - bench/ is this script's own folder
+
 from bench.gpu_vllm import QWEN2_1_5B_SHAPE  # noqa: E402
 
 
@@ -124,22 +125,11 @@ def main() -> None:
         "recover_in_steps": next_step_s / statistics.median(step_s) if step_s and next_step_s else None,
         "redone_prompts_dropped": sum(r.get("data/dropped_groups", 0) for r in steps),
         "wall_s": time.monotonic() - start,
-        "command": "python bench/gpu_recover.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, " + gpu_name(),
+        **stamp(),
     }
     print(json.dumps(result, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-
-
-def gpu_name() -> str:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
-        )
-    except FileNotFoundError:
-        return "no GPU"
-    return out.stdout.strip().replace("\n", ", ") or "no GPU"
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import statistics
 import subprocess
@@ -34,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-
 from multigpu import GpuMemorySampler, hbm_copy_GBps  # noqa: E402
+from provenance import stamp  # noqa: E402 - bench/ is this script's own folder
 
 VARIANTS = {
     "vllm": ["rollout.engine=vllm", "rollout.gpu.sleep_level=0"],
@@ -200,7 +199,6 @@ def async_keys(variants: dict) -> dict:
 
 
 def result(variants: dict, args, copy_GBps: float) -> dict:
-    import torch
 
     v, hf = variants.get("vllm") or variants.get("vllm_sleep") or {}, variants.get("hf", {})
     rollout = json.loads(Path(args.rollout_json).read_text()) if args.rollout_json else {}
@@ -231,8 +229,7 @@ def result(variants: dict, args, copy_GBps: float) -> dict:
         "hbm_copy_GBps": copy_GBps,
         "rollout_bench": rollout,
         "variants": variants,
-        "command": "python bench/gpu_vllm.py " + " ".join(sys.argv[1:]),
-        "machine": f"1x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {platform.node()}",
+        **stamp(),
         "batch": {"prompts": args.prompts, "samples": args.samples, "max_tokens": args.max_tokens, "steps": args.steps},
         "model": args.model_dir or "random Qwen2-1.5B shape (hidden 1536, 28 layers, char vocabulary)",
     }

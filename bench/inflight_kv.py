@@ -19,7 +19,6 @@ on the same tokens is the scale: keeping the cache mixes the two.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -31,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-from vs_trl import provenance  # noqa: E402 - bench/ is this script's own folder
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
 
 from protos.grpo.v1 import queue_pb2  # noqa: E402
 from services.common.config import RolloutSection  # noqa: E402
@@ -145,9 +144,8 @@ def main() -> int:
         "switch_after_steps": args.switch_after,
         "lr": args.lr,
         **result,
-        **provenance(),
     }
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out)
     return 0
 
 

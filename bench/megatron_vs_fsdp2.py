@@ -119,6 +119,7 @@ def main() -> None:
     launcher = "python" if dist.get_world_size() == 1 else f"torchrun --nproc-per-node {dist.get_world_size()}"
     results[f"command{suffix}"] = f"{launcher} bench/megatron_vs_fsdp2.py {' '.join(sys.argv[1:])}".strip()
     results[f"machine{suffix}"] = bt.machine(device)
+    results["commit"] = bt.commit()
     if dist.get_rank() == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")

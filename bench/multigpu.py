@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from provenance import stamp  # noqa: E402 - bench/ is this script's own folder
 
 
 def _link_worker(rank: int, port: int, nbytes: int, reps: int, out: dict) -> None:
@@ -159,8 +159,7 @@ def summarize(run_dir: Path, num_gpus: int, link: tuple[str, float], peak_MiB: d
     refit_GBps = sum(r["refit/GBps"] for r in steady) / len(steady)
     tokens = sum(r["num_tokens"] for r in steady)
     return {
-        "command": "python bench/multigpu.py " + " ".join(sys.argv[1:]),
-        "machine": f"{num_gpus}x {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {platform.node()}",
+        **stamp(),
         "model": vars(args),
         "num_gpus": num_gpus,
         "steps": table,

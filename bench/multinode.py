@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
 from step_ab import medians, run  # noqa: E402 - bench/ is this script's own folder
-from vs_trl import provenance  # noqa: E402
 
 from deploy.slurm import testcluster  # noqa: E402
 
@@ -88,9 +88,8 @@ def main() -> int:
             "ray": "no Ray backend yet (issue #38, item 3)",
         },
         "note": "three Slurm nodes = three network namespaces of this one machine, sharing its 2 cores",
-        **provenance(),
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {
@@ -94,8 +94,7 @@ def main() -> int:
         cmd = ["make", "run", f"CONFIG={EXAMPLES[name]}", f"ARGS={' '.join(overrides)}"]
         subprocess.run(cmd, cwd=REPO, check=True)
         result[name] = {"config": EXAMPLES[name], **summarise(REPO / "runs" / run_id, " ".join(cmd))}
-        result["command"] = " ".join([".venv/bin/python", "bench/multiturn.py", *sys.argv[1:]])
-        result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU"
+        result |= stamp()
         out.write_text(json.dumps(result, indent=2) + "\n")
         curve = result[name]["eval_curve"]
         print(name, json.dumps([(c["wall_minutes"], c["accuracy"], c["tool_call_rate"]) for c in curve]))

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+
+from provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "deploy/configs/smollm2_arithmetic.toml"
@@ -83,8 +83,8 @@ def summarise(run_dir: Path, command: str, wall_s: float | None) -> dict:
             "start": [s for s in samples if s["step"] == first],
             "end": [s for s in samples if s["step"] == last],
         },
-        "command": command,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
+        **stamp(),
+        "command": command,  # the `make run` that trained, not this summary's
     }
 
 

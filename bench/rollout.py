@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
 
 from protos.grpo.v1 import queue_pb2  # noqa: E402
 from services.common.config import RunConfig, dump_toml, load_config  # noqa: E402
@@ -144,13 +144,6 @@ def _raw_engine(cfg: RunConfig, work: list[queue_pb2.PromptWork]):
     return engine, [Request(list(w.prompt_ids), w.num_samples, w.sampling) for w in work]
 
 
-def _machine() -> str:
-    import torch
-
-    gpu = f"1x {torch.cuda.get_device_name(0)}, torch {torch.__version__}" if torch.cuda.is_available() else "no GPU"
-    return f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, {gpu}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny random model and few tokens; /tmp output")
@@ -220,12 +213,10 @@ def main() -> int:
         "engine": cfg.rollout.engine,
         "threads": args.threads,
         "repeats": args.repeats,
-        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": _machine(),
     }
     default = "/tmp/rollout_smoke.json" if args.smoke else REPO / "bench" / "results" / "rollout" / "rollout_cpu.json"
     out = Path(args.out or default)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vs_trl import provenance  # noqa: E402 - bench/ is this script's own folder
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
 
 from services.common.config import dump_toml, load_config  # noqa: E402
 
@@ -81,9 +81,8 @@ def main() -> int:
             name: {k: round(m[k] / first[k], 3) for k in first if k in m and first[k]} for name, m in median.items()
         },
         "steps_per_variant": args.steps * args.rounds,
-        **provenance(),
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(args.out, result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -41,6 +41,8 @@ import torch.distributed as dist  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from provenance import commit  # noqa: E402 - bench/ is this script's own folder
+
 from services.trainer.packing import Seq  # noqa: E402
 
 PEAK_FLOPS = 989e12
@@ -443,6 +445,7 @@ def main() -> None:
             bench_model(shape, args, device, results)
         results["command"] = f"python bench/trainer.py {' '.join(sys.argv[1:])}".strip()
     results["machine_scaling" if args.scaling else "machine"] = machine(device)
+    results["commit"] = commit()
     if dist.get_rank() == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")

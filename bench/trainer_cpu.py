@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -27,6 +26,7 @@ import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
 
 from services.trainer.packing import Seq  # noqa: E402
 
@@ -143,8 +143,6 @@ def main() -> int:
         "engine_over_naive_tokps": results[best]["tokens_per_s"] / results[naive]["tokens_per_s"],
         "tokens_per_step": tokens,
         "variants": results,
-        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, no GPU",
     }
     path = Path(
         args.out
@@ -154,7 +152,7 @@ def main() -> int:
             else REPO / "bench" / "results" / "trainer_cpu" / "trainer_cpu.json"
         )
     )
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    write_result(path, out)
     print(json.dumps({k: v for k, v in out.items() if k != "variants"}, indent=2))
     return 0
 

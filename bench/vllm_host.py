@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
-
-from rollout import _machine, _requests  # noqa: E402
+from provenance import write_result  # noqa: E402 - bench/ is this script's own folder
+from rollout import _requests  # noqa: E402
 
 from services.common.config import load_config  # noqa: E402
 
@@ -129,13 +129,11 @@ def main() -> int:
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "vllm_dtype": str(engine.dtype).removeprefix("torch."),
-        "command": "python " + " ".join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": _machine(),
     }
     out = Path(
         args.out or ("/tmp/vllm_host_smoke.json" if args.smoke else REPO / "bench/results/vllm_host/vllm_host.json")
     )
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shlex
 import shutil
 import subprocess
 import sys
@@ -38,6 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from provenance import stamp  # noqa: E402 - bench/ is this script's own folder
 
 from services.common.config import RunConfig, dump_toml, load_config  # noqa: E402
 
@@ -436,7 +436,7 @@ def main() -> int:
         trl = run_trl(cfg_path, work, install_trl(), checkpointing, args.gpu)
         print(f"TRL side done in {time.monotonic() - started:.0f} s", flush=True)
         if args.trl_only:
-            out.write_text(json.dumps({"trl_raw": trl, "trl_overrides": args.trl_args, **provenance(args.gpu)}) + "\n")
+            out.write_text(json.dumps({"trl_raw": trl, "trl_overrides": args.trl_args, **stamp()}) + "\n")
             return 0
     ours_cfg = load_config(config, [*overrides, *args.ours_args])
     started = time.monotonic()
@@ -455,7 +455,7 @@ def main() -> int:
         "trl_version": TRL_VERSION,
         "ours_overrides": args.ours_args,
         "trl_overrides": args.trl_args,
-        **provenance(args.gpu),
+        **stamp(),
         "trl_raw": trl,
     }
     if args.task == MAIN_TASK:
@@ -469,18 +469,6 @@ def main() -> int:
     plot(saved, out.with_suffix(".png"))
     print(json.dumps({k: v for k, v in result.items() if not k.endswith(("curve", "raw"))}, indent=2))
     return 0
-
-
-def provenance(gpu: bool = False) -> dict[str, str]:
-    """How and where a result file was made: the command as typed from the repository root, and the machine."""
-    device = "no GPU"
-    if gpu:  # nvidia-smi, not torch: this process holds no CUDA context while the sides run
-        query = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]
-        device = subprocess.run(query, capture_output=True, text=True).stdout.strip() or "a GPU nvidia-smi did not name"
-    return {
-        "command": "python " + shlex.join([f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}, {device}",
-    }
 
 
 def seed_runs(args: argparse.Namespace, task: str) -> dict:
@@ -516,7 +504,7 @@ def seed_runs(args: argparse.Namespace, task: str) -> dict:
         "curves": {str(s): c for s, c in per_seed.items()},
         "trl_version": TRL_VERSION,
         "ours_overrides": args.ours_args,
-        **provenance(),
+        **stamp(),
     }
 
 
@@ -581,7 +569,7 @@ def write_tasks(results: dict[str, dict], out: str, notes: dict | None = None) -
     saved = {
         "tasks": tasks,
         "bar_holds_on_every_task": all(all(t["bar"].values()) for t in tasks.values()),
-        **provenance(),
+        **stamp(),
         **(notes or {}),
     }
     path = Path(out or REPO / "bench" / "results" / "vs_trl" / "vs_trl_unseen.json")

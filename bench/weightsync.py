@@ -14,7 +14,6 @@ import base64
 import dataclasses
 import json
 import os
-import platform
 import socket
 import sys
 import time
@@ -29,6 +28,8 @@ import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from provenance import stamp  # noqa: E402 - bench/ is this script's own folder
 
 from services.rollout.vllm_ext import copy_into  # noqa: E402
 from services.weightsync.kernels import checksum as cs  # noqa: E402
@@ -484,7 +485,7 @@ def _num(v):
 
 
 def summarize(raw: dict, args, command: str) -> dict:
-    out = {"raw": raw, "notes": [], "command": command, "machine": _machine(), "shapes": {}}
+    out = {"raw": raw, "notes": [], **stamp(), "command": command, "shapes": {}}
     out["link_GBps"] = _num(raw.get("link_GBps"))
     big = args.shapes[-1]
     for shape in args.shapes:
@@ -536,11 +537,6 @@ def _ipc_headline(row: dict) -> dict:
         "ipc_over_copy": ipc[bucket] / copy_s if bucket and copy_s else None,
         "ipc_unverified_ms_per_GB": unverified_s * 1e3 / gb if unverified_s else None,
     }
-
-
-def _machine() -> str:
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return f"{platform.node()}: {os.cpu_count()} cores, {', '.join(gpus) or 'no GPU'}, torch {torch.__version__}"
 
 
 def main() -> None:
