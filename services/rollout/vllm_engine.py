@@ -69,8 +69,10 @@ def engine_args(cfg: RolloutSection, on_gpu: bool) -> dict:
     # Whole prefills only on CPU: when a seeded request's prompt is split over engine steps, vLLM rewinds its
     # generator's offset after each partial step, and CPU generators have none ("CPU Generator does not use
     # offset", which kills the engine). A step then takes whole prompts up to its token budget (vLLM's CPU default,
-    # 4096, or one max_model_len prompt if longer); the rest wait for the next step.
-    cpu_args = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(CPU_STEP_TOKENS, cfg.max_model_len)}
+    # 4096, or one max_model_len prompt if longer, and at least a token for each running sequence); the rest wait for
+    # the next step.
+    step_tokens = max(CPU_STEP_TOKENS, cfg.max_model_len, cfg.max_num_seqs)
+    cpu_args = {"enable_chunked_prefill": False, "max_num_batched_tokens": step_tokens}
     return dict(
         dtype="bfloat16" if on_gpu else "float32",
         max_model_len=cfg.max_model_len,
