@@ -1,10 +1,13 @@
 import subprocess
 import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 
 from services.common.config import ConfigError, RunConfig, dump_toml, load_config
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_validate_and_round_trip_through_toml(tmp_path):
@@ -83,6 +86,15 @@ def test_each_source_scores_with_its_own_reward_unless_told():
     assert load_config(None, data).task.reward_weights() == {"exact": 1.0, "eos": 0.5}
     with pytest.raises(ConfigError, match="task.generator is required"):
         load_config(None, ['task.name="reasoning_gym"'])
+
+
+def test_the_episode_rewards_need_an_episode_to_score():
+    with pytest.raises(ConfigError, match="tool_use scores tool calls: it needs task.episode.tools"):
+        load_config(None, ["task.rewards={exact = 1.0, tool_use = 0.5}"])
+    with pytest.raises(ConfigError, match="env is the environment's reward"):
+        load_config(None, ["task.rewards={env = 1.0}"])
+    calculator = load_config(REPO / "deploy" / "configs" / "smollm2_calculator.toml", [])
+    assert calculator.task.reward_weights() == {"reasoning_gym": 1.0, "tool_use": 0.5}
 
 
 def test_a_config_with_tables_and_escapes_survives_the_round_trip_through_toml():

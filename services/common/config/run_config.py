@@ -53,6 +53,11 @@ class RunConfig(_Section):
                 "task.episode (tools, an environment) needs task.chat_template = true: each environment message is "
                 "appended as the chat template renders it"
             )
+        episode = self.task.episode
+        if "tool_use" in self.task.rewards and not episode.tools:
+            raise ValueError("task.rewards: tool_use scores tool calls: it needs task.episode.tools")
+        if "env" in self.task.rewards and not episode.environment:
+            raise ValueError("task.rewards: env is the environment's reward: it needs task.episode.environment")
         if self.coordinator.overlong_buffer_tokens > self.coordinator.max_tokens:
             raise ValueError("coordinator.overlong_buffer_tokens must be <= coordinator.max_tokens")
         if not self.trainer.lr_schedule_steps:

@@ -42,7 +42,8 @@ class TaskSection(_Section):
     """Seed of the reasoning-gym held-out set, and of the held-out split of a file."""
     rewards: dict[str, float] = {}
     """Reward name or import path (`my_pkg.rewards:score`) -> weight; the sample's reward is the weighted sum.
-    Built in: math, exact, reasoning_gym, eos, boxed, class_continuation. Empty = the source's own:
+    Built in: math, exact, reasoning_gym, reasoning_gym_partial, eos, boxed, class_continuation, and for
+    multi-turn episodes env and tool_use. Empty = the source's own:
     class_continuation (toy), math (dataset), reasoning_gym (reasoning_gym). The first one listed is the
     correctness reward that eval/accuracy counts."""
     reward_timeout_s: float = Field(default=10.0, gt=0)
