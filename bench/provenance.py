@@ -1,7 +1,7 @@
 """What every result file says about how it was made: the command, the machine and the commit.
 
 from provenance import stamp, write_result
-write_result(out, {**figures, **stamp()})     # or result |= stamp() where a script writes its file itself
+write_result(out, figures)     # adds the stamp; or result |= stamp() where a script writes its file itself
 """
 
 from __future__ import annotations
