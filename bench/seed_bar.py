@@ -7,6 +7,8 @@ same steps on both sides (vs_trl.py --seeds). Three checks, each per task:
   - no seed of ours drops more than MAX_DROP below its step-0 accuracy unless TRL's same seed does too;
   - our time to TRL's final accuracy (both mean curves over seeds; a side's time at an evaluation is the mean of
     its seeds' training seconds there) is below TRL's.
+A side's curves may go on past the other's (`vs_trl.py --equal-time`: ours trains for the seconds TRL's same seed
+took): the per-step checks use the steps both sides evaluated, the time to TRL's final accuracy each side's own.
 """
 
 from __future__ import annotations
@@ -23,19 +25,19 @@ def _at(curve: list[dict], step: int) -> dict:
     return next(p for p in curve if p["step"] == step)
 
 
-def common_steps(per_seed: dict) -> list[int]:
-    """The evaluated steps every seed of both sides has."""
-    sets = [{p["step"] for p in c[side]} for c in per_seed.values() for side in SIDES]
+def common_steps(per_seed: dict, sides: tuple[str, ...] = SIDES) -> list[int]:
+    """The evaluated steps every seed of these sides has."""
+    sets = [{p["step"] for p in c[side]} for c in per_seed.values() for side in sides]
     return sorted(set.intersection(*sets)) if sets else []
 
 
 def mean_curves(per_seed: dict) -> dict[str, list[dict]]:
-    """Per side: at each common step the mean accuracy, its spread over seeds (sample stdev, min, max) and the mean
-    training seconds."""
+    """Per side: at each step all its seeds evaluated, the mean accuracy, its spread over seeds (sample stdev, min,
+    max) and the mean training seconds."""
     out: dict[str, list[dict]] = {}
     for side in SIDES:
         rows = []
-        for step in common_steps(per_seed):
+        for step in common_steps(per_seed, (side,)):
             points = [_at(c[side], step) for c in per_seed.values()]
             acc = [p["accuracy"] for p in points]
             rows.append(
@@ -74,7 +76,8 @@ def task_bar(per_seed: dict) -> dict:
     """The three checks on one task, with the numbers behind each."""
     means = mean_curves(per_seed)
     evaluations = []
-    for trl, ours in zip(means["trl"], means["ours"]):
+    both = common_steps(per_seed)
+    for trl, ours in zip(*([p for p in means[side] if p["step"] in both] for side in SIDES)):
         seeds = [
             (_at(c["trl"], trl["step"])["accuracy"], _at(c["ours"], trl["step"])["accuracy"]) for c in per_seed.values()
         ]

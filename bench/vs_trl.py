@@ -11,6 +11,8 @@ first, then this system through every service (the path `make run` takes), each 
     .venv/bin/python bench/vs_trl.py --seeds 0 1 2 --steps 30 --tasks products gcd number_format
         # tasks no other config trains on, each with the bar of bench/seed_bar.py:
         # bench/results/vs_trl/vs_trl_unseen.json
+    .venv/bin/python bench/vs_trl.py --seeds 0 1 2 --steps 30 --equal-time --task products --out F
+        # the same, ours for the training seconds TRL's 30 steps took on each seed (the head-to-head's equal budget)
     .venv/bin/python bench/vs_trl.py --best-of bench/results/vs_trl/vs_trl_cpu*.json   # the bar over the tries
     python3 bench/vs_trl.py --gpu --minutes 3          # on one GPU: both sides colocated with CUDA vLLM, 64 x 8
         # (GPU_ARGS), bench/results/vs_trl/vs_trl_gpu.json; --trl-only, then --skip-trl, splits it in two calls
@@ -383,6 +385,11 @@ def main() -> int:
         "--tasks", nargs="*", default=[], help="with --seeds: several tasks, one result file with the bar"
     )
     parser.add_argument("--steps", type=int, default=30, help="steps of each side per seed (with --seeds)")
+    parser.add_argument(
+        "--equal-time",
+        action="store_true",
+        help="with --seeds: ours trains for the training seconds TRL's --steps took on the same seed",
+    )
     parser.add_argument("--combine", nargs="*", default=[], help="--seeds result files of single tasks into one")
     parser.add_argument("--best-of", nargs="*", default=[], help="result files of tries: the bar over them")
     parser.add_argument("--out", default="")
@@ -488,17 +495,21 @@ def seed_runs(args: argparse.Namespace, task: str) -> dict:
         cfg_path = work / "trl.toml"
         cfg_path.write_text(dump_toml(cfg))
         trl = run_trl(cfg_path, work, trl_dir, not args.trl_no_gradient_checkpointing)
-        ours, _ = run_ours(load_config(config, [*overrides, f'model.path="{model}"', *args.ours_args]), work)
-        per_seed[seed] = {"trl": trl_curve(trl), "ours": ours_curve(ours)}
         trl_steps = [r for r in trl if r["kind"] == "step"]
+        budget = [f"run.train_minutes={trl_steps[-1]['train_s'] / 60}", "run.num_steps=100000"]
+        ours_overrides = [*overrides, *(budget if args.equal_time else []), f'model.path="{model}"', *args.ours_args]
+        ours, _ = run_ours(load_config(config, ours_overrides), work)
+        per_seed[seed] = {"trl": trl_curve(trl), "ours": ours_curve(ours)}
         seconds_per_step["trl"].append(trl_steps[-1]["train_s"] / trl_steps[-1]["step"])
-        seconds_per_step["ours"].append(per_seed[seed]["ours"][-1]["train_s"] / args.steps)
+        last = next(r for r in reversed(ours) if "time/train_s" in r)
+        seconds_per_step["ours"].append(last["time/train_s"] / last["step"])
         print(f"{task} seed {seed}: " + json.dumps(per_seed[seed]), flush=True)
     return {
         "task": f"reasoning_gym/{cfg.task.generator}" if cfg.task.name == "reasoning_gym" else cfg.task.name,
         "task_config": cfg.task.generator_config,
         "seeds": args.seeds,
         "steps_per_seed": args.steps,
+        **({"ours_budget": "the training seconds of TRL's same seed (--equal-time)"} if args.equal_time else {}),
         **seeds_summary(per_seed),
         "seconds_per_step": {side: [round(x, 2) for x in v] for side, v in seconds_per_step.items()},
         "curves": {str(s): c for s, c in per_seed.items()},

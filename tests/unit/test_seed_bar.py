@@ -53,3 +53,23 @@ def test_ours_never_reaching_trls_final_accuracy_is_not_sooner():
     result = task_bar(per_seed)
     assert result["seconds_to_target"] == {"trl": 100.0, "ours": None}
     assert result["bar"]["sooner_to_trl_final"] is False
+
+
+def test_ours_trained_past_trls_steps_counts_for_the_time_only_at_steps_every_seed_of_ours_reached():
+    # TRL: 2 evaluations past step 0 (100 s each); ours the same training seconds at 40 s an evaluation, so it gets
+    # to step 40 on every seed and to step 50 on one.
+    per_seed = {
+        0: {"trl": curve([0.30, 0.35, 0.40], 100), "ours": curve([0.30, 0.33, 0.37, 0.36, 0.41, 0.20], 40)},
+        1: {"trl": curve([0.30, 0.36, 0.42], 100), "ours": curve([0.30, 0.34, 0.38, 0.40, 0.44], 40)},
+        2: {"trl": curve([0.30, 0.34, 0.41], 100), "ours": curve([0.30, 0.35, 0.36, 0.41, 0.42], 40)},
+    }
+    result = task_bar(per_seed)
+    assert [e["step"] for e in result["evaluations"]] == [0, 10, 20]  # the steps both sides evaluated
+    assert [p["step"] for p in result["mean_curves"]["ours"]] == [0, 10, 20, 30, 40]  # not 50: seed 0 alone
+    # TRL's final mean 0.41 at 200 s; ours: 0.3667 at 80 s, 0.39 at 120 s, 0.4233 at 160 s.
+    assert result["target_accuracy"] == 0.41
+    assert result["seconds_to_target"] == {"trl": 200.0, "ours": 160.0}
+    assert result["bar"]["sooner_to_trl_final"] is True
+    # Seed 0's step 50 (0.20, ten points below its start) is still a drop of that seed.
+    assert result["worst_drop_below_step0"]["ours"]["0"] == 0.1
+    assert result["ours_collapsed_alone"] == ["0"]
