@@ -137,7 +137,7 @@ def qwen2(shape: str, attn: str, device: torch.device, seed: int = 0):
     vocab = {"vocab_size": 512} if shape == "tiny" else {}
     cfg = Qwen2Config(**{**QWEN2, **SHAPES[shape], "num_key_value_heads": 2, **vocab})
     if attn == "sdpa_varlen":
-        from services.trainer.attention import register_attention
+        from services.trainer.fsdp2.attention import register_attention
 
         register_attention()
     torch.manual_seed(seed)
@@ -200,7 +200,7 @@ def summary(times: list[float], num_tokens: int, num_params: int, world: int, de
 
 def build_engine(shape: str, device: torch.device, options: dict):
     """The FSDP2 engine over this run's ranks with `options` on top of the bench's config; its params."""
-    from services.trainer.build import assemble_engine
+    from services.trainer.fsdp2.build import assemble_engine
 
     cfg = trainer_config(num_ranks=dist.get_world_size(), **options)
     model = qwen2(shape, cfg.fsdp2.attn_implementation, device)

@@ -52,7 +52,7 @@ def batch(args, vocab: int) -> tuple[list[Seq], list[float], list[list[float]]]:
 
 def engine_step(model_dir: Path, options: dict, data, reps: int) -> list[float]:
     from services.common.config import TrainerSection
-    from services.trainer.build import assemble_engine, load_model
+    from services.trainer.fsdp2.build import assemble_engine, load_model
 
     cfg = TrainerSection(num_ranks=1, lr=1e-5, loss={"name": "dapo"}, **options)
     model = load_model(str(model_dir), torch.float32, cfg.fsdp2.attn_implementation)

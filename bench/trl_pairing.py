@@ -72,7 +72,7 @@ TO_TRL: tuple[tuple[str, str, Callable[[RunConfig], Any]], ...] = (
     ("trainer.lr_schedule", "lr_scheduler_type", lambda c: TRANSFORMERS_NAMES[c.trainer.lr_schedule]),
     ("trainer.lr_warmup_steps", "warmup_steps", lambda c: c.trainer.lr_warmup_steps),
     ("trainer.lr_schedule_steps", "max_steps", _max_steps),
-    ("(torch AdamW, fused: services/trainer/build.py)", "optim", lambda c: "adamw_torch_fused"),
+    ("(torch AdamW, fused: services/trainer/fsdp2/build.py)", "optim", lambda c: "adamw_torch_fused"),
     ("(AdamW's default betas)", "adam_beta1", lambda c: _adamw_default("betas")[0]),
     ("(AdamW's default betas)", "adam_beta2", lambda c: _adamw_default("betas")[1]),
     ("(AdamW's default eps)", "adam_epsilon", lambda c: _adamw_default("eps")),

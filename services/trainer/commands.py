@@ -56,16 +56,17 @@ class Executor:
 
     def train(self, request: trainer_pb2.TrainRequest) -> trainer_pb2.TrainReply:
         seqs = request.sequences
-        self.engine.temperature = request.temperature or 1.0
-        self.engine.max_tokens = request.max_tokens
         metrics = self.engine.train(
-            to_seqs(seqs), [s.advantage for s in seqs], [list(s.rollout_logprobs) for s in seqs]
+            to_seqs(seqs),
+            [s.advantage for s in seqs],
+            [list(s.rollout_logprobs) for s in seqs],
+            temperature=request.temperature or 1.0,
+            max_tokens=request.max_tokens,
         )
         return trainer_pb2.TrainReply(policy_version=self.engine.policy_version, metrics=metrics)
 
     def logprobs(self, request: trainer_pb2.LogprobsRequest) -> trainer_pb2.LogprobsReply:
-        self.engine.temperature = request.temperature or 1.0
-        values = self.engine.logprobs(to_seqs(request.sequences))
+        values = self.engine.logprobs(to_seqs(request.sequences), request.temperature or 1.0)
         return trainer_pb2.LogprobsReply(
             policy_version=self.engine.policy_version,
             logprobs=[trainer_pb2.TokenLogprobs(values=v.tolist()) for v in values],

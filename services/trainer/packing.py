@@ -179,6 +179,25 @@ def pack(seqs: list[Seq], units: Sequence[Unit], offsets: list[int]) -> Packed:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """A batch as a backend runs it, from packing to the loss: each data-parallel rank's micro-batches, padded with
+    None (a dummy pass) so that every rank runs as many, and N, the size of the flat response-token layout."""
+
+    rows: list[list[Packed | None]]
+    num_tokens: int
+
+
+def plan_batch(
+    seqs: list[Seq], world: int, max_tokens: int, share_prompts: bool = False, min_microbatches: int = 0
+) -> BatchPlan:
+    """plan(), each rank's list padded to the longest (and to min_microbatches): collectives inside forward and
+    backward (FSDP2's gathers, Megatron's gradient reduction) need every rank to run the same number."""
+    plans: list[list[Packed | None]] = list(plan(seqs, world, max_tokens, share_prompts))
+    num_steps = max(min_microbatches, max(len(p) for p in plans))
+    return BatchPlan([p + [None] * (num_steps - len(p)) for p in plans], response_offsets(seqs)[-1])
+
+
 def plan(seqs: list[Seq], world: int, max_tokens: int, share_prompts: bool = False) -> list[list[Packed]]:
     """Packed micro-batches of every rank (each rank computes all of it and keeps its own row); share_prompts:
     sequences with the same prompt share one copy of it (shared_units)."""

@@ -15,7 +15,7 @@ from services.common.config import RunConfig
 from services.common.grpcio import make_server
 from services.common.lifecycle import freeze_startup_heap, stop_event
 
-from .build import build_engine
+from .backends import build_engine
 from .commands import Executor
 from .driver import CommandChannel, Driver, follow
 from .engine import Engine

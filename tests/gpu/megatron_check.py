@@ -18,9 +18,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from services.common.config import TrainerSection  # noqa: E402
-from services.trainer.build import assemble_engine, load_model  # noqa: E402
+from services.trainer.fsdp2.build import assemble_engine, load_model  # noqa: E402
 from services.trainer.losses import mult_prob_error  # noqa: E402
-from services.trainer.megatron.engine import assemble  # noqa: E402
+from services.trainer.megatron.build import assemble  # noqa: E402
 from services.trainer.packing import Seq  # noqa: E402
 
 

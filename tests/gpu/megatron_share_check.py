@@ -26,7 +26,7 @@ def main() -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from services.trainer.megatron import model as mm
-    from services.trainer.megatron.engine import MegatronEngine
+    from services.trainer.megatron.backend import MegatronBackend
     from services.weightsync.transfer.plan import ReceiverLayout, bucket_senders, make_plan
 
     folder, tied, split = Path(sys.argv[1]), sys.argv[2] == "tied", sys.argv[3]
@@ -52,8 +52,8 @@ def main() -> None:
     )  # fmt: skip
     lay = mm.layout(config, shape)
     mm.load_hf(model, folder, lay)
-    # The weights-out half of the engine, without DDP and the optimizer (which need CUDA).
-    engine = MegatronEngine.__new__(MegatronEngine)
+    # The weights-out half of the backend, without DDP and the optimizer (which need CUDA).
+    engine = MegatronBackend.__new__(MegatronBackend)
     engine.model, engine.shape, engine.layout = types.SimpleNamespace(module=model), shape, lay
     engine.tp_group, engine.dp_rank = ps.get_tensor_model_parallel_group(), ps.get_data_parallel_rank()
     engine.rank, engine.world = rank, dist.get_world_size()

@@ -74,7 +74,7 @@ def _save_worker(model_dir: str, out: str) -> None:
     import torch.distributed as dist
 
     from services.common.config import TrainerSection
-    from services.trainer.build import assemble_engine, load_model
+    from services.trainer.fsdp2.build import assemble_engine, load_model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -114,7 +114,7 @@ def _reference_step(model_dir: str, cfg, seqs, advantages, rollout) -> tuple[dic
     cfg.minibatches = 2, two AdamW steps on the halves, pi_old being the policy before the first."""
     from transformers import get_scheduler
 
-    from services.trainer.build import load_model
+    from services.trainer.fsdp2.build import load_model
     from services.trainer.lr_schedule import TRANSFORMERS_NAMES
 
     model, ref = load_model(model_dir, torch.float32, "sdpa"), load_model(model_dir, torch.float32, "sdpa")
@@ -191,7 +191,7 @@ def _worker(model_dir: str, out: str, names: str = ",".join(CASES)) -> None:
     import torch.distributed as dist
 
     from services.common.config import TrainerSection
-    from services.trainer.build import assemble_engine, load_model
+    from services.trainer.fsdp2.build import assemble_engine, load_model
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

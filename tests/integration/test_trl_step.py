@@ -40,7 +40,7 @@ def _ours(model_dir: str, out: str) -> None:
     import torch.distributed as dist
 
     from services.common.config import TrainerSection
-    from services.trainer.build import assemble_engine, load_model
+    from services.trainer.fsdp2.build import assemble_engine, load_model
     from services.trainer.packing import Seq
 
     torch.set_num_threads(1)
@@ -48,7 +48,7 @@ def _ours(model_dir: str, out: str) -> None:
     cfg = TrainerSection(num_ranks=1, lr=1.0, loss={"name": "dapo"}, max_grad_norm=1e9, max_tokens_per_microbatch=32)
     policy = load_model(model_dir, torch.float32, cfg.fsdp2.attn_implementation)
     engine = assemble_engine(policy, None, cfg, Path(model_dir), torch.device("cpu"))
-    engine.optimizer = torch.optim.SGD(engine.model.parameters(), lr=1.0)
+    engine.backend.optimizer = torch.optim.SGD(engine.backend.model.parameters(), lr=1.0)
     before = {k: v.clone() for k, v in engine.full_state_dict().items()}  # views of the live tensors
     prompts, responses, advantages = _batch(engine.vocab_size)
     seqs = [Seq(p, r) for p, r in zip(prompts, responses)]

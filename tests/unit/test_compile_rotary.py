@@ -7,7 +7,7 @@ import torch
 import transformers.models.qwen2.modeling_qwen2 as modeling
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from services.trainer import build
+from services.trainer.fsdp2 import build
 
 
 def test_compiled_rotary_replaces_hf_and_keeps_the_logits_and_gradients(monkeypatch):

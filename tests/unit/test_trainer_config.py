@@ -48,6 +48,6 @@ def test_engine_imports_without_pydantic_grpc_or_protos():
         "        if name.split('.')[0] in ('pydantic', 'grpc', 'protos', 'redis'):\n"
         "            raise ImportError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import services.trainer.build, services.trainer.engine\n"
+        "import services.trainer.fsdp2.build, services.trainer.engine\n"
     )
     subprocess.run([sys.executable, "-c", blocker], check=True, timeout=120)

@@ -1,4 +1,4 @@
-"""Build every rank's engine: load policy and reference, checkpoint activations, shard with FSDP2, AdamW."""
+"""Build every rank's FSDP2 engine: load policy and reference, checkpoint activations, shard with FSDP2, AdamW."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from services.common.lm_head import install_fp32_lm_head
 
+from ..engine import Engine
+from ..head import compile_head, install_packed_logprobs
 from .attention import SDPA_VARLEN, register_attention
-from .engine import Engine
-from .head import compile_head, install_packed_logprobs
+from .backend import FSDP2Backend
 
 if TYPE_CHECKING:  # pydantic stays out of the import path: the GPU bench image lacks it
     from services.common.config import RunConfig, TrainerSection
@@ -36,13 +37,8 @@ _SAVED_OPS = (
 )
 
 
-def build_engine(cfg: RunConfig, device: torch.device) -> Engine:
+def build(cfg: RunConfig, device: torch.device) -> Engine:
     """Load the policy (and the reference when kl_beta > 0) from model.path, sharded over all ranks."""
-    torch.manual_seed(cfg.run.seed)
-    if cfg.trainer.backend == "megatron":
-        from .megatron.engine import build  # megatron-core: GPU machines only
-
-        return build(cfg, device)
     trainer = cfg.trainer
     policy = load_model(cfg.model.path, torch.float32, trainer.fsdp2.attn_implementation)
     ref = None
@@ -104,7 +100,7 @@ def assemble_engine(
     # Fused AdamW: one kernel per step on GPU, one vectorised pass per tensor on CPU (offloaded shards too) in
     # place of ~8 ops each; the same kernel everywhere, so offloading changes no bit of the step.
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
-    return Engine(model, ref_model, optimizer, cfg, model_dir, device)
+    return Engine(FSDP2Backend(model, ref_model, optimizer, cfg, device), cfg, model_dir)
 
 
 def shard(

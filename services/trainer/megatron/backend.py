@@ -1,5 +1,5 @@
-"""The Megatron-core engine: the FSDP2 Engine's surface (train / logprobs / full_state_dict / save) over a
-GPTModel split by tensor and pipeline parallelism, DDP + distributed optimizer across the remaining ranks.
+"""The Megatron-core backend (backend.Backend) over a GPTModel split by tensor and pipeline parallelism, DDP +
+distributed optimizer across the remaining ranks.
 
 Every rank of a data-parallel replica runs the same micro-batches (its share of the batch, packed and
 token-bounded as in the FSDP2 backend) through Megatron's pipeline schedule; the last pipeline stage
@@ -21,30 +21,28 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
-from ..engine import BatchTokens, Engine
+from ..backend import BatchTokens, StepSums, microbatch_loss
 from ..head import compile_head
 from ..losses import token_logprobs_and_entropy
-from ..packing import Packed, Seq, pack, plan, response_offsets
+from ..packing import BatchPlan, Packed, Seq, pack, plan_batch
 from . import head, mapping
-from . import model as mm
 from . import train_state as ts
 from .attention import PackedRow
 from .rope import rope_tables
 
 if TYPE_CHECKING:
-    from services.common.config import RunConfig, TrainerSection
+    from services.common.config import TrainerSection
 
 _DEFAULT_CHUNK = 4096
 
 
-class MegatronEngine(Engine):
-    def __init__(self, model, ref_model, optimizer, cfg: TrainerSection, model_dir: Path, device, shape, lay):
+class MegatronBackend:
+    def __init__(self, model, ref_model, optimizer, cfg: TrainerSection, device, shape, lay):
         self.model, self.ref_model, self.optimizer = model, ref_model, optimizer
-        self.cfg, self.model_dir, self.device = cfg, model_dir, device
+        self.cfg, self.device = cfg, device
         self.shape, self.layout = shape, lay
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.vocab_size = shape.vocab_size
-        self.policy_version = 0
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.last_stage = ps.is_pipeline_last_stage()
@@ -55,12 +53,15 @@ class MegatronEngine(Engine):
         self._dummy = pack([Seq([0], [0])], [(0,)], [0, 1])
         compile_head()  # the fused head's softmax math as one inductor kernel per chunk (the GPU has inductor)
 
+    @property
+    def has_reference(self) -> bool:
+        return self.ref_model is not None
+
     # -- the micro-batch plan and one packed row ---------------------------------------------------------
 
-    def _plan(self, seqs: list[Seq]) -> list[list[Packed | None]]:
-        plans = plan(seqs, self.dp_size, self.cfg.max_tokens_per_microbatch)
-        num_steps = max(1, max(len(p) for p in plans))  # every rank joins the gradient reduction
-        return [p + [None] * (num_steps - len(p)) for p in plans]
+    def plan(self, seqs: list[Seq]) -> BatchPlan:
+        # Every rank joins the gradient reduction, so each runs at least one (dummy) micro-batch.
+        return plan_batch(seqs, self.dp_size, self.cfg.max_tokens_per_microbatch, min_microbatches=1)
 
     def _row(self, mb: Packed) -> tuple[Tensor, Tensor, PackedRow]:
         dev = self.device
@@ -76,24 +77,26 @@ class MegatronEngine(Engine):
 
     def _head(self, *, hidden_states: Tensor, output_layer, output_weight, context, **_) -> Tensor:
         """GPTModel's output processor: logprobs ([R], or [2, R] with entropies) of the row's response tokens."""
-        logit_index_R, targets_R, with_entropy = context
+        logit_index_R, targets_R, with_entropy, temperature = context
         hidden_RD = hidden_states[logit_index_R, 0]
-        if self.temperature != 1.0:  # logits / temperature, the sampling distribution
-            hidden_RD = hidden_RD / self.temperature
+        if temperature != 1.0:  # logits / temperature, the sampling distribution
+            hidden_RD = hidden_RD / temperature
         weight_VD = output_weight if output_weight is not None else output_layer.weight
         if with_entropy:  # tensor_parallel == 1 (checked by the config)
             return torch.stack(token_logprobs_and_entropy(hidden_RD @ weight_VD.t(), targets_R))
         tp_rank = ps.get_tensor_model_parallel_rank()
         return head.token_logprobs(hidden_RD, weight_VD, targets_R, self.chunk, tp_rank, self.tp_group)
 
-    def _run(self, model, mbs: list[Packed | None], loss_fn, forward_only: bool, with_entropy: bool = False) -> None:
+    def _run(
+        self, model, mbs: list[Packed | None], loss_fn, forward_only: bool, temperature: float, with_entropy=False
+    ) -> None:
         """Megatron's schedule over the micro-batches; loss_fn(mb, output) runs on the last stage."""
 
         def forward_step(data_iterator, model):
             mb = next(data_iterator)
             packed = mb or self._dummy  # a rank with fewer micro-batches runs dummy ones
             ids_1T, pos_1T, row = self._row(packed)
-            ctx = (packed.logit_index_R.to(self.device), packed.targets_R.to(self.device), with_entropy)
+            ctx = (packed.logit_index_R.to(self.device), packed.targets_R.to(self.device), with_entropy, temperature)
             out = model(
                 input_ids=ids_1T, position_ids=pos_1T, attention_mask=None, packed_seq_params=row,
                 output_processor=self._head, output_processor_context=ctx,
@@ -106,11 +109,12 @@ class MegatronEngine(Engine):
             forward_only=forward_only,
         )  # fmt: skip
 
-    # -- Engine hooks ----------------------------------------------------------------------------------
+    # -- the batch driver's calls ----------------------------------------------------------------------
 
     @torch.no_grad()
-    def _flat_logprobs(self, model, seqs: list[Seq], plans: list[list[Packed | None]]) -> Tensor:
-        out_N = torch.zeros(response_offsets(seqs)[-1], device=self.device)
+    def logprobs(self, reference: bool, plan: BatchPlan, temperature: float) -> Tensor:
+        model = self.ref_model if reference else self.model
+        out_N = torch.zeros(plan.num_tokens, device=self.device)
 
         def store(mb, output):
             if mb is not None and self.writer:
@@ -118,11 +122,11 @@ class MegatronEngine(Engine):
             return output.sum() * 0.0, torch.ones((), dtype=torch.int, device=self.device), {}
 
         model.eval()
-        self._run(model, plans[self.dp_rank], store, forward_only=True)
+        self._run(model, plan.rows[self.dp_rank], store, forward_only=True, temperature=temperature)
         dist.all_reduce(out_N)
         return out_N
 
-    def _step(self, plans: list[list[Packed | None]], batch: BatchTokens) -> dict[str, float]:
+    def step(self, plan: BatchPlan, batch: BatchTokens, temperature: float, lr: float) -> StepSums:
         old_N = torch.zeros_like(batch.rollout_logp_N)
         sums_4 = torch.zeros(4, device=self.device)
         with_entropy = self.cfg.loss.entropy_coef > 0
@@ -132,7 +136,7 @@ class MegatronEngine(Engine):
             if mb is None:
                 return output.sum() * 0.0, one, {}
             logp_R, entropy_R = (output[0], output[1]) if with_entropy else (output, None)
-            weighted, stats_4 = self._token_loss(mb, batch, logp_R, entropy_R)
+            weighted, stats_4 = microbatch_loss(self.cfg.loss, mb, batch, logp_R, entropy_R)
             if self.writer:
                 sums_4.add_(stats_4)
                 old_N[mb.token_index_R.to(self.device)] = logp_R.detach()
@@ -142,12 +146,14 @@ class MegatronEngine(Engine):
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self._run(self.model, plans[self.dp_rank], loss, forward_only=False, with_entropy=with_entropy)
+        self._run(self.model, plan.rows[self.dp_rank], loss, False, temperature, with_entropy)
         finalize_model_grads([self.model], num_tokens=None)  # DP reduce-scatter, tied-embedding sync
+        for group in self.optimizer.param_groups:  # as Megatron's own scheduler sets it
+            group["lr"] = lr
         ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise FloatingPointError("Megatron optimizer skipped the step (non-finite gradients)")
-        return {**self._step_metrics(sums_4, old_N, batch), "grad_norm": float(grad_norm)}
+        return StepSums(sums_4, old_N, float(grad_norm))
 
     # -- weights out -----------------------------------------------------------------------------------
 
@@ -200,11 +206,11 @@ class MegatronEngine(Engine):
             mine = {k: v for p in parts or [] for k, v in p.items()}
         return mine if self.rank == 0 else {}
 
-    def _save_train_state(self, folder: Path) -> None:
+    def save_train_state(self, folder: Path, policy_version: int) -> None:
         """Megatron's own per-rank files (train_state.py), not torch distributed checkpoint."""
-        ts.save(folder, self.model.module, self.optimizer, self.policy_version, self.rank)
+        ts.save(folder, self.model.module, self.optimizer, policy_version, self.rank)
 
-    def _load_train_state(self, folder: Path) -> int:
+    def load_train_state(self, folder: Path) -> int:
         return ts.load(folder, self.model.module, self.optimizer, self.rank)
 
 
@@ -214,30 +220,3 @@ def _cast(t: Tensor, dtype: torch.dtype | None) -> Tensor:
 
 def _dtype_name(t: Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
-
-
-def build(cfg: RunConfig, device: torch.device) -> MegatronEngine:
-    """Policy (and reference when kl_beta > 0) from model.path's HF safetensors, in the TP / PP layout."""
-    trainer = cfg.trainer
-    if device.type != "cuda":
-        raise ValueError("trainer.backend=megatron needs a CUDA GPU per rank (megatron-core runs forward on CUDA)")
-    return assemble(trainer, Path(cfg.model.path), device, cfg.run.seed)
-
-
-def assemble(trainer: TrainerSection, model_dir: Path, device: torch.device, seed: int = 0) -> MegatronEngine:
-    tp, pp = trainer.megatron.tensor_parallel, trainer.megatron.pipeline_parallel
-    mm.init_parallel(tp, pp, seed)
-    shape = mm.read_shape(model_dir)
-    bf16 = trainer.dtype == "bfloat16"
-    config = mm.transformer_config(shape, tp, pp, bf16, trainer.memory.activation_checkpointing, dist.get_world_size())
-    lay = mm.layout(config, shape)
-    policy = mm.build_gpt(config, shape)
-    mm.load_hf(policy, model_dir, lay)
-    ref = None
-    if trainer.loss.kl_beta > 0:
-        ref = mm.build_gpt(config, shape)
-        mm.load_hf(ref, model_dir, lay)
-        ref.requires_grad_(False).eval()
-    ddp = mm.wrap_ddp(policy, config)
-    opt = mm.optimizer(ddp, trainer.lr, trainer.weight_decay, trainer.max_grad_norm, bf16)
-    return MegatronEngine(ddp, ref, opt, trainer, model_dir, device, shape, lay)
