@@ -41,7 +41,7 @@ def save_hf(shape: str, folder: Path, device: torch.device) -> int:
 
 
 def megatron_engine(model_dir: Path, args, device, options: dict):
-    from services.trainer.megatron.engine import assemble
+    from services.trainer.megatron.build import assemble
 
     cfg = bt.trainer_config(
         backend="megatron", tensor_parallel=args.tp, num_ranks=dist.get_world_size(),
