@@ -137,7 +137,7 @@ def qwen2(shape: str, attn: str, device: torch.device, seed: int = 0):
     vocab = {"vocab_size": 512} if shape == "tiny" else {}
     cfg = Qwen2Config(**{**QWEN2, **SHAPES[shape], "num_key_value_heads": 2, **vocab})
     if attn == "sdpa_varlen":
-        from services.trainer.fsdp2.attention import register_attention
+        from services.trainer.attention import register_attention
 
         register_attention()
     torch.manual_seed(seed)

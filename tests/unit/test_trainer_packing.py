@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from random_seqs import random_seqs
 
-from services.trainer.fsdp2.attention import SDPA_VARLEN, block_masks, row_mask, shared_flash_layout, shared_prompt_mask
+from services.trainer.attention import SDPA_VARLEN, block_masks, row_mask, shared_flash_layout, shared_prompt_mask
 from services.trainer.fsdp2.build import load_model
 from services.trainer.losses import token_logprobs
 from services.trainer.packing import Seq, plan, response_offsets
@@ -133,7 +133,7 @@ def _reference_flash_varlen(q_THD, k_TKD, v_TKD, cu_q, cu_k, max_q, max_k, scale
 
 def _flash_on_cpu(monkeypatch) -> list:
     """The one-call paths' layout and plumbing, with the CUDA kernel replaced by its definition; the calls made."""
-    from services.trainer.fsdp2 import attention
+    from services.trainer import attention
 
     calls = []
     monkeypatch.setattr(attention, "flash_varlen_supported", lambda q: True)
@@ -210,7 +210,7 @@ def test_a_flash_layout_where_the_kernel_cannot_run_fails_naming_the_option(tiny
 def test_cuda_flash_kernel_over_shared_prompts_equals_the_masked_blocks(tiny_model, monkeypatch):
     """The real kernel: its causal alignment for keys longer than queries is bottom-right (else every response
     would see only the first tokens of its prompt), in bf16, against the per-block masked sdpa."""
-    from services.trainer.fsdp2 import attention
+    from services.trainer import attention
 
     model = load_model(str(tiny_model), torch.float32, SDPA_VARLEN).to("cuda", torch.bfloat16)
     mb = _shared_row(model)

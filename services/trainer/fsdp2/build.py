@@ -17,7 +17,7 @@ from services.common.lm_head import install_fp32_lm_head
 
 from ..engine import Engine
 from ..head import compile_head, install_packed_logprobs
-from .attention import SDPA_VARLEN, register_attention
+from ..attention import SDPA_VARLEN, register_attention
 from .backend import FSDP2Backend
 
 if TYPE_CHECKING:  # pydantic stays out of the import path: the GPU bench image lacks it
