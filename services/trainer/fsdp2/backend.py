@@ -15,10 +15,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from .. import checkpoint
+from ..attention import SDPA_VARLEN, block_masks, row_mask, shared_flash_layout
 from ..backend import BatchTokens, StepSums, microbatch_loss
 from ..losses import token_logprobs, token_logprobs_and_entropy
 from ..packing import BatchPlan, Packed, Seq, plan_batch
-from ..attention import SDPA_VARLEN, block_masks, row_mask, shared_flash_layout
 
 if TYPE_CHECKING:  # pydantic stays out of the import path: the GPU bench image lacks it
     from services.common.config import TrainerSection

@@ -15,9 +15,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 
 from services.common.lm_head import install_fp32_lm_head
 
+from ..attention import SDPA_VARLEN, register_attention
 from ..engine import Engine
 from ..head import compile_head, install_packed_logprobs
-from ..attention import SDPA_VARLEN, register_attention
 from .backend import FSDP2Backend
 
 if TYPE_CHECKING:  # pydantic stays out of the import path: the GPU bench image lacks it
