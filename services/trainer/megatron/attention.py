@@ -51,8 +51,8 @@ class PackedFlashAttention(MegatronModule):
         if not isinstance(row, PackedRow) or row.qkv_format != "thd":
             raise ValueError("PackedFlashAttention takes packed rows only (a PackedRow in thd format)")
         q_THD, k_TKD = rotate_qk(query, key, row.cos_T1D, row.sin_T1D)
+        cu, n = row.cu_seqlens_q, row.max_seqlen_q  # self-attention: the keys' blocks are the queries'
         out_THD = _flash_varlen_forward(
-            q_THD.contiguous(), k_TKD.contiguous(), value.contiguous(), row.cu_seqlens_q, row.max_seqlen_q,
-            self.softmax_scale,
-        )  # fmt: skip
+            q_THD.contiguous(), k_TKD.contiguous(), value.contiguous(), cu, cu, n, n, self.softmax_scale
+        )
         return out_THD.reshape(out_THD.shape[0], -1)
