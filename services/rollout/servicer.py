@@ -41,6 +41,9 @@ class EngineState:
     def __init__(self, engine: Engine, worker_id: str, engine_name: str, inflight: bool = False):
         self.engine, self.worker_id, self.engine_name = engine, worker_id, engine_name
         self.lock = threading.Lock()
+        self.weights_lock = threading.Lock()
+        """Held while a refit reads the engine's weights back outside `lock` (generation runs on meanwhile); whoever
+        frees them (sleep) takes it first, and `lock` only after it."""
         self.inflight = inflight
         """Load a refit between the decode steps of a running generation (asynchronous GRPO) instead of after it."""
         self._waiting: list[_Load] = []
@@ -128,7 +131,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         with self.receiver.receive(m, request.group, request.source, request.refit_id) as (named, received):
             received_at = time.perf_counter()
 
-            def load() -> tuple[float, float, dict[str, str]]:
+            def load() -> tuple[float, float, dict[str, torch.Tensor]]:
                 locked_at = time.perf_counter()  # generation holds the engine until a step or a call ends
                 # Again with the engine held: a joiner's pull and a refit may arrive together. The version held
                 # already (a retried refit, or one repeated for a joining worker, in which a collective transport
@@ -137,18 +140,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 if m.policy_version > self.state.policy_version:
                     self.state.engine.load_weights(named)
                     self.state.policy_version = m.policy_version
-                loaded_at = time.perf_counter()
-                return (
-                    locked_at,
-                    loaded_at,
-                    read_back(self.state.engine.read_weights(), list(m.tensors), m.checksum_algo),
-                )
+                return locked_at, time.perf_counter(), self.state.engine.read_weights()
 
-            locked_at, loaded_at, readback = self.state.apply(load)
+            # The read-back's checksums run after the engine is let go: a load between decode steps pauses
+            # generation for the copy only (half or less of the pause with them: bench/README.md, "Asynchronous
+            # GRPO"). Nothing writes the weights before this reply but the next refit, which waits for it; the
+            # weights lock keeps them from being freed (sleep) meanwhile.
+            with self.state.weights_lock:
+                locked_at, loaded_at, held = self.state.apply(load)
+                readback = read_back(held, list(m.tensors), m.checksum_algo)
         end = time.perf_counter()
         log.info(
             "version %d applied in %.3fs: received and verified %.3fs, waited for the engine %.3fs, "
-            "loaded %.3fs, read back %d tensors %.3fs",
+            "loaded %.3fs, read back %d tensors %.3fs (after the engine was let go)",
             m.policy_version, end - start, received_at - start, locked_at - received_at,
             loaded_at - locked_at, len(readback), end - loaded_at,
         )  # fmt: skip

@@ -317,7 +317,7 @@ def run_worker(
         just_worked = bool(claimed)
         if not claimed:  # no work: the trainer is training; the engine frees what rollout.gpu.sleep_level says
             slept_since = time.perf_counter()
-            with state.lock:
+            with state.weights_lock, state.lock:  # the order a refit's read-back takes them in
                 state.engine.sleep()
             state.idle_s += time.perf_counter() - slept_since
             continue
