@@ -63,6 +63,8 @@ APPLIED = re.compile(
     r"version (\d+) applied in ([\d.]+)s: received and verified ([\d.]+)s, waited for the engine ([\d.]+)s, "
     r"loaded ([\d.]+)s, read back (\d+) tensors ([\d.]+)s"
 )
+# The vLLM engine's split of a load (services/rollout/vllm_engine.py): the copy into the engine, the prefix cache reset.
+LOAD_SPLIT = re.compile(r"load: copy ([\d.]+)s, prefix cache reset ([\d.]+)s")
 # One line per refit and side (services/weightsync/transfer/timing.py): the trainer's "refit <id>: ..." and the
 # worker's "version <n>: ...", each "what +<ms>ms, ... (from <wall clock start>)".
 MARKS = re.compile(r"(refit [0-9a-f]+|version \d+): ((?:[\w ]+ \+[\d.]+ms, )*[\w ]+ \+[\d.]+ms) \(from ([\d.]+)\)")
@@ -142,6 +144,7 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
         dict(zip(("version", "apply_s", "receive_s", "wait_s", "load_s", "readback_n", "readback_s"), map(float, m)))
         for m in APPLIED.findall(log)
     ]
+    load_split = [{"copy_s": float(c), "reset_s": float(r)} for c, r in LOAD_SPLIT.findall(log)]
     steady = rows[1:] or rows  # the first step carries the one-time costs (kernels, IPC handles)
     nbytes = rows[-1]["refit/bytes"]
     refit_s = _mean([r["timing/refit_s"] for r in steady])
@@ -152,6 +155,7 @@ def summarize(run_dir: Path, peak_MiB: dict[int, int], wall_s: float) -> dict:
     return {
         "steps": table,
         "engine_applied": applied,
+        "engine_load_split": load_split,
         "refit_marks": marks,
         "step_s": _mean([r["timing/total_s"] for r in steady]),
         "step_s_median": statistics.median(r["timing/total_s"] for r in steady),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from importlib import metadata
 
 import torch
@@ -203,7 +204,9 @@ class VllmEngine:
 
     def load_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
         self.wake()  # level 1 keeps the weights in host memory while asleep: they come back, then the new ones
+        start = time.perf_counter()
         self.llm.collective_rpc("load_named", args=(named,))
+        copied = time.perf_counter()
         # Cached prefix blocks hold keys and values of the old weights: a prompt that shares a block with one seen
         # before (a system prompt, a chat template) would attend to them, and sample off-policy, for as long as
         # the hits keep the blocks cached (logprobs 0.05 off on a 200-token prompt after one load; block size 128
@@ -211,6 +214,7 @@ class VllmEngine:
         # values recomputed with the new weights, as AReaL does: each later token is the new version's given its
         # prefix, exactly.
         self.llm.reset_prefix_cache(reset_running_requests=True)
+        log.info("load: copy %.4fs, prefix cache reset %.4fs", copied - start, time.perf_counter() - copied)
 
     def read_weights(self) -> dict[str, torch.Tensor]:
         self.wake()
