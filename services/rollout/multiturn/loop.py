@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .episode import Episode, MessageRenderer
-
-if TYPE_CHECKING:
-    from .environment import Environment
 
 ENDS = ("answered", "length", "max_turns", "max_tokens", "env_error", "engine_error")
 
@@ -75,6 +72,16 @@ class EpisodeResult:
     def answer(self) -> str:
         """The last model turn's text: what the task's rewards score."""
         return next((m["content"] for m in reversed(self.episode.messages) if m["role"] == "assistant"), "")
+
+
+class Environment(Protocol):
+    """What answers a model turn (environment.Environment: tools, an environment function, or both)."""
+
+    def may_answer(self, turn: Turn) -> bool:
+        """Whether this turn could get an answer: at the turn limit that makes the end "max_turns", not "answered"."""
+
+    def respond(self, result: EpisodeResult, turn: Turn) -> list[dict[str, str]]:
+        """The messages that answer the turn ([]: none); a failed environment sets result.end = "env_error"."""
 
 
 def advance(result: EpisodeResult, turn: Turn, env: Environment, renderer: MessageRenderer) -> None:
