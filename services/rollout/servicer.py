@@ -143,9 +143,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
                 return locked_at, time.perf_counter(), self.state.engine.read_weights()
 
             # The read-back's checksums run after the engine is let go: a load between decode steps pauses
-            # generation for the copy only (half or less of the pause with them: bench/README.md, "Asynchronous
-            # GRPO"). Nothing writes the weights before this reply but the next refit, which waits for it; the
-            # weights lock keeps them from being freed (sleep) meanwhile.
+            # generation for the copy only (with them, the copy was a third to a half of the pause: bench/README.md,
+            # "Asynchronous steps on one GPU"). Nothing writes the weights before this reply but the next refit,
+            # which waits for it; the weights lock keeps them from being freed (sleep) meanwhile.
             with self.state.weights_lock:
                 locked_at, loaded_at, held = self.state.apply(load)
                 readback = read_back(held, list(m.tensors), m.checksum_algo)
